@@ -1,0 +1,1 @@
+"""kvcanary subcommands: one module per command, each exposing `register(subparsers)`."""

@@ -1,0 +1,1 @@
+"""kvcanary: tenants."""
