@@ -182,7 +182,10 @@ class TransferBackend(abc.ABC):
     # prefill side
     @abc.abstractmethod
     async def wait_for_metadata(self, room: int, timeout_s: float) -> TransferMetadata | None:
-        """Prefill waits for decode's metadata (Bootstrapping -> WaitingForInput); None on timeout."""
+        """Prefill waits for decode's metadata (Bootstrapping -> WaitingForInput).
+
+        Returns None on timeout.
+        """
 
     @abc.abstractmethod
     async def send_pages(self, chunk: PageChunk) -> None:
@@ -196,5 +199,6 @@ class TransferBackend(abc.ABC):
     async def is_cancelled(self, room: int) -> bool:
         """Whether decode has cancelled the room (prefill checks between chunks)."""
 
+    @abc.abstractmethod
     async def close(self) -> None:
-        """Release sockets and tasks; the in-process backend has nothing to release."""
+        """Release sockets and background tasks."""
