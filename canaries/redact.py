@@ -1,0 +1,38 @@
+"""Redacting a response down to the canaries found in it.
+
+Against a real deployment, the text around a leaked canary may be another customer's
+data. `redact` keeps every hit span verbatim and replaces each run of other text with a
+marker that says how long it was and gives a short SHA-256 of it, so evidence can be
+compared without being disclosed: `[… 1234 chars redacted, sha256:0123abcd …]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from canaries.errors import CanaryError
+from canaries.hit import Hit
+
+
+def redact(text: str, hits: Sequence[Hit]) -> str:
+    """`text` with everything outside the hits' spans replaced by markers."""
+    spans = sorted((hit.start, hit.end) for hit in hits)
+    if spans and (spans[0][0] < 0 or max(end for _, end in spans) > len(text)):
+        raise CanaryError("hit offsets lie outside the text being redacted")
+    out: list[str] = []
+    position = 0
+    for start, end in spans:
+        if start > position:
+            out.append(_marker(text[position:start]))
+        if end > position:
+            out.append(text[max(start, position) : end])
+            position = end
+    if position < len(text):
+        out.append(_marker(text[position:]))
+    return "".join(out)
+
+
+def _marker(hidden: str) -> str:
+    digest = hashlib.sha256(hidden.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"[… {len(hidden)} chars redacted, sha256:{digest} …]"

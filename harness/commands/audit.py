@@ -1,0 +1,186 @@
+"""`kvcanary audit`: does each side's KV pool hold the context the deployment advertises?
+
+Prints one table row per side (pool tokens, context tokens, ratio, verdict), the findings,
+and, for any side whose pool could not be read, every request that was tried. `--json`
+prints the same as one JSON object instead. Credentials are read from the environment
+variable named by `--api-key-env` and never printed.
+
+Exit status: 0 every side's pool holds the context (and the probe, if asked for, was
+refused); 1 findings; 2 usage error; 3 inconclusive: the target was unreachable or a pool
+could not be read. "Unknown" is not "clean", so an audit that could not see a pool never
+exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harness.audit import AuditResult
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "audit",
+        help="check that each side's KV pool can hold the advertised context",
+        description=(
+            "Read the KV pool size and context length each serving side reports (SGLang "
+            "/get_server_info, vLLM /metrics, /v1/models) and flag every side whose pool is "
+            "smaller than the context clients are told they may send. With --probe, confirm "
+            "by sending one prompt just above the smallest pool and checking it is refused."
+        ),
+        epilog=(
+            "Exit status: 0 clean, 1 findings, 2 usage error, 3 inconclusive (target "
+            "unreachable or a pool size unknown: unknown is not clean)."
+        ),
+    )
+    parser.add_argument("--target", metavar="URL", help="the deployment's base URL (router)")
+    parser.add_argument(
+        "--prefill",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a prefill server to read directly (repeatable; replaces the sides the target lists)",
+    )
+    parser.add_argument(
+        "--decode",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a decode server to read directly (repeatable)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="send one prompt just above the smallest pool through --target; accepting it "
+        "is an unsafe_accept finding",
+    )
+    parser.add_argument("--model", help="model name for the probe (default: from /v1/models)")
+    parser.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="environment variable holding a bearer token for the target",
+    )
+    parser.add_argument(
+        "--timeout",
+        metavar="S",
+        type=float,
+        default=30.0,
+        help="seconds to wait for each request, the probe included (default 30)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import httpx
+
+    from harness.audit import run_audit
+
+    urls = ([args.target] if args.target else []) + args.prefill + args.decode
+    if not urls:
+        raise ConfigError("audit needs --target URL (or --prefill URL / --decode URL)")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"not an http(s) URL: {url!r}")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout}")
+    headers = _auth_headers(args.api_key_env)
+
+    async def audit() -> AuditResult:
+        timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 10.0))
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            return await run_audit(
+                client,
+                target=args.target,
+                prefill_urls=args.prefill,
+                decode_urls=args.decode,
+                probe=args.probe,
+                model=args.model,
+                headers=headers,
+            )
+
+    result = asyncio.run(audit())
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_result(result)
+    return result.exit_status
+
+
+def _auth_headers(variable: str | None) -> dict[str, str]:
+    if variable is None:
+        return {}
+    key = os.environ.get(variable)
+    if not key:
+        raise ConfigError(f"--api-key-env {variable}: that environment variable is not set")
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _print_result(result: AuditResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.audit import AuditVerdict, SideVerdict, redact_url
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160  # logs and pipes: room for a full row rather than 80 columns
+
+    def say(text: str) -> None:
+        console.print(text, soft_wrap=True)
+
+    facts = result.facts
+    model = f"  model {facts.model}" if facts.model else ""
+    say(f"target {redact_url(facts.base_url)}  engine {facts.engine}{model}")
+    if result.sides:
+        table = Table("side", "url", "pool tokens", "context tokens", "ratio", "verdict")
+        table.columns[1].overflow = "fold"
+        table.columns[5].no_wrap = True
+        styles = {SideVerdict.OK: "green", SideVerdict.UNKNOWN: "yellow"}
+        for side in result.sides:
+            table.add_row(
+                side.side.role,
+                redact_url(side.side.url),
+                _figure(side.side.pool_tokens),
+                _figure(side.side.context_tokens),
+                "-" if side.ratio is None else f"{side.ratio:.3f}",
+                f"[{styles.get(side.verdict, 'bold red')}]{side.verdict}[/]",
+            )
+        console.print(table)
+    unknown = [s for s in result.sides if s.verdict is SideVerdict.UNKNOWN]
+    if not result.sides or unknown:
+        what = "; ".join(f"{s.side.role} {redact_url(s.side.url)}: {s.reason}" for s in unknown)
+        say(
+            "[yellow]could not read the pool size[/]"
+            + (f" ({what})" if what else " of any side")
+            + "; here is what was tried:"
+        )
+        for attempt in facts.attempts:
+            console.print(f"  {redact_url(attempt.describe())}", markup=False, soft_wrap=True)
+        say("pass the sides' URLs with --prefill/--decode if a router hides them")
+    if result.probe is not None:
+        probe = result.probe
+        said = [f"{probe.num_tokens} tokens, {probe.token_count}" if probe.num_tokens else ""]
+        said += [f"HTTP {probe.status}" if probe.status is not None else "", probe.error or ""]
+        say(f"probe {probe.url}: {probe.outcome} ({'; '.join(filter(None, said))})")
+    for finding in result.findings:
+        say(f"[bold red]{finding.kind}[/] ({finding.severity}): {finding.summary}")
+    num_findings = len(result.findings)
+    style = {AuditVerdict.CLEAN: "green", AuditVerdict.UNSAFE: "bold red"}.get(
+        result.verdict, "yellow"
+    )
+    say(
+        f"verdict: [{style}]{result.verdict}[/] "
+        f"({num_findings} finding{'' if num_findings == 1 else 's'})"
+    )
+
+
+def _figure(value: int | None) -> str:
+    return "unknown" if value is None else f"{value:,}"

@@ -1,0 +1,90 @@
+"""`kvcanary run` and `kvcanary soak`: parse the flags, run a session, print the verdict.
+
+`run` is bounded by a request count (default) or a duration; with no `--target` it starts
+the bundled reference engine. `soak` is the same runner for long unattended runs: bounded by
+a required `--duration`, with periodic reports, journal rotation and resume from `--out`.
+
+Both take their flags from `harness.options` (shared with the pytest plugin and the config
+file). This module keeps its top-level imports light so `kvcanary --help` stays instant;
+the session and everything it pulls in are imported by the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from harness.options import add_to_parser, given_values, options_for
+from harness.run_config import Command
+
+_EPILOG = (
+    "Exit status: 0 clean, 1 findings, 2 usage or configuration error, 3 the run could not "
+    "complete (target unreachable, interrupted before a verdict). Ctrl-C stops sending and "
+    "reports what was seen; a second Ctrl-C cancels requests in flight."
+)
+
+_DESCRIPTIONS: dict[Command, tuple[str, str]] = {
+    "run": (
+        "flood a target with canary-laced prompts and look for cross-tenant leaks",
+        "Simulated tenants send canary-laced prompts at and above the target's KV-pool and "
+        "context limits (fill, probe and abort phases); detectors flag other tenants' "
+        "canaries in responses, over-limit prompts that were accepted, wrong usage counts "
+        "and prefills too fast to be real. Without --target the bundled reference engine is "
+        "started (vulnerable preset) on a free loopback port and stopped afterwards.",
+    ),
+    "soak": (
+        "the same run for hours, unattended: periodic reports, journal rotation, resume",
+        "Runs fill / probe / abort cycles until --duration has passed, re-rendering the "
+        "report every --report-every and starting a new journal segment every "
+        "--rotate-every. Pointing --out at the directory of an interrupted or crashed soak "
+        "resumes it: request numbering and the journal continue.",
+    ),
+}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `run` and `soak` subcommands."""
+    for command in ("run", "soak"):
+        summary, description = _DESCRIPTIONS[command]
+        parser = subparsers.add_parser(
+            command, help=summary, description=description, epilog=_EPILOG
+        )
+        add_to_parser(parser, options_for(command))
+        parser.set_defaults(handler=_handler(command))
+
+
+def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
+    def handle(args: argparse.Namespace) -> int:
+        return run_command(command, args)
+
+    return handle
+
+
+def run_command(command: Command, args: argparse.Namespace) -> int:
+    """Resolve the settings, run, print the verdict and the outputs; the exit status."""
+    from harness.run_config import resolve
+    from harness.session import run_session
+
+    flags = given_values(args, options_for(command))
+    config = resolve(command, flags, flags.get("config"))
+    result = run_session(config, file=sys.stderr)
+    print(verdict_line(result.verdict, result.reasons, result.outcome.reason))
+    for name, path in (*result.outputs.items(), ("journal", result.out_dir / "journal.jsonl")):
+        print(f"  {_LABELS.get(name, name):<9} {path}")
+    return result.exit_status
+
+
+_LABELS = {"html": "report", "md": "markdown", "json": "summary", "junit": "junit"}
+
+
+def verdict_line(verdict: str, reasons: tuple[str, ...] | list[Any], ended: str) -> str:
+    """`verdict: LEAK - 12 finding(s): ...` (plus how the run ended when it did not finish)."""
+    why = "; ".join(str(r) for r in reasons)
+    line = f"verdict: {verdict.upper()}"
+    if why:
+        line += f" - {why}"
+    if ended in ("interrupted", "error"):
+        line += f" (run {ended})"
+    return line

@@ -1,0 +1,14 @@
+"""Detectors: turn plans and observations into findings.
+
+- `ContentDetector` scans streamed responses for canaries that are not the request's own;
+- `ProtocolDetector` checks status codes and `usage` against the plan;
+- `TimingDetector` flags time-to-first-token too short for a real prefill.
+
+Each is independent of the others and of transport; the runner feeds them.
+"""
+
+from harness.detectors.content import ContentDetector, ResponseScan
+from harness.detectors.protocol import ProtocolDetector
+from harness.detectors.timing import TimingDetector, TtftModel
+
+__all__ = ["ContentDetector", "ProtocolDetector", "ResponseScan", "TimingDetector", "TtftModel"]

@@ -1,0 +1,168 @@
+"""The protocol detector: what the target *said* about a request, checked against the plan.
+
+Two findings, both decidable from one plan and its observation:
+
+- `unsafe_accept` (critical): the plan was sized above a limit (`plan.expected == "reject"`:
+  the prompt exceeds the KV pool, the context, or the target's own input limit) and the
+  target answered with a 2xx status. A safe target rejects such a prompt (400/413/422...);
+  a vulnerable one answers it from pages it never filled. A 2xx status counts even if the
+  stream later broke: the target accepted the request.
+- `prompt_tokens_mismatch` (high): `usage.prompt_tokens` is present and differs from
+  `plan.num_prompt_tokens` by more than the tolerance. Plans carry exact counts in the
+  target's tokenizer, chat-template overhead included, so the default tolerance is 0 tokens;
+  `tolerance_tokens` (all APIs) and `chat_tolerance_tokens` (chat only, for a template
+  whose overhead the plan could not count exactly) loosen it. A count that is tiny next to
+  the prompt (at most `tiny_usage_fraction` of it; the incident's signature is `1` for a
+  multi-thousand-token prompt) is called out in the summary: the prompt was swapped for a
+  placeholder and never prefilled.
+
+A response without `usage.prompt_tokens` yields no finding (many targets omit usage when
+streaming); `num_without_usage` counts them so a report can say how much went unchecked.
+
+It deliberately knows nothing about response text (the content detector) or timing (the
+timing detector), and does not judge rejections of requests a safe target should accept.
+"""
+
+from __future__ import annotations
+
+from harness.errors import ConfigError
+from harness.events import Limits
+from harness.finding import Finding, FindingKind, Severity
+from harness.observation import Observation
+from tenants.plan import RequestPlan
+
+DETECTOR = "protocol"
+
+
+class ProtocolDetector:
+    """Checks status codes and `usage` of each observation against its plan."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        *,
+        tolerance_tokens: int = 0,
+        chat_tolerance_tokens: int | None = None,
+        tiny_usage_fraction: float = 0.05,
+    ) -> None:
+        if tolerance_tokens < 0 or (
+            chat_tolerance_tokens is not None and chat_tolerance_tokens < 0
+        ):
+            raise ConfigError("protocol: prompt-token tolerances cannot be negative")
+        if not 0 <= tiny_usage_fraction < 1:
+            raise ConfigError(
+                f"protocol: tiny_usage_fraction must be in [0, 1), got {tiny_usage_fraction}"
+            )
+        self.limits = limits
+        self.tolerance_tokens = tolerance_tokens
+        self.chat_tolerance_tokens = (
+            tolerance_tokens if chat_tolerance_tokens is None else chat_tolerance_tokens
+        )
+        self.tiny_usage_fraction = tiny_usage_fraction
+        self.num_checked = 0
+        self.num_without_usage = 0
+        """Successful responses that carried no `usage.prompt_tokens` (nothing to compare)."""
+
+    def check(self, plan: RequestPlan, obs: Observation) -> list[Finding]:
+        """Every protocol finding for one finished request (usually none)."""
+        assert plan.request_id == obs.request_id, "observation does not belong to this plan"
+        self.num_checked += 1
+        findings = []
+        if plan.expected == "reject" and _accepted(obs):
+            findings.append(self._unsafe_accept(plan, obs))
+        reported = obs.usage.prompt_tokens
+        if reported is None:
+            if _accepted(obs):
+                self.num_without_usage += 1
+        elif abs(reported - plan.num_prompt_tokens) > self._tolerance(plan):
+            findings.append(self._mismatch(plan, obs, reported))
+        return findings
+
+    def limits_crossed(self, plan: RequestPlan) -> list[tuple[str, int]]:
+        """The limits this plan's prompt exceeds, as (name, tokens), tightest first."""
+        candidates = [
+            ("KV pool", self.limits.pool_tokens),
+            ("context", self.limits.context_tokens),
+        ]
+        if self.limits.max_input_tokens is not None:
+            candidates.append(("input limit", self.limits.max_input_tokens))
+        crossed = [(name, n) for name, n in candidates if plan.num_prompt_tokens > n]
+        if not crossed and plan.num_prompt_tokens + plan.max_tokens > self.limits.context_tokens:
+            crossed.append(("context (prompt + max_tokens)", self.limits.context_tokens))
+        return sorted(crossed, key=lambda item: item[1])
+
+    def _tolerance(self, plan: RequestPlan) -> int:
+        return self.chat_tolerance_tokens if plan.api == "chat" else self.tolerance_tokens
+
+    def _unsafe_accept(self, plan: RequestPlan, obs: Observation) -> Finding:
+        crossed = self.limits_crossed(plan)
+        if crossed:
+            above = " and ".join(f"the {name} ({n} tokens)" for name, n in crossed)
+        else:
+            above = "the limit it was planned to exceed"
+        summary = (
+            f"{plan.tenant}'s {plan.request_id} sent a {plan.num_prompt_tokens}-token prompt "
+            f"above {above} and got HTTP {obs.status} instead of an error"
+        )
+        return Finding(
+            kind=FindingKind.UNSAFE_ACCEPT,
+            severity=Severity.CRITICAL,
+            detector=DETECTOR,
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            summary=summary,
+            details={
+                "num_prompt_tokens": plan.num_prompt_tokens,
+                "max_tokens": plan.max_tokens,
+                "limits_crossed": {name: n for name, n in crossed},
+                "limit_crossed": crossed[0][0] if crossed else None,
+                "limits_source": self.limits.source,
+                "status": obs.status,
+                "error_kind": obs.error_kind,
+                "usage_prompt_tokens": obs.usage.prompt_tokens,
+                "num_text_chars": obs.num_text_chars,
+                "phase": plan.phase,
+                "intent": plan.intent,
+                "size_label": plan.size_label,
+            },
+        )
+
+    def _mismatch(self, plan: RequestPlan, obs: Observation, reported: int) -> Finding:
+        planned = plan.num_prompt_tokens
+        tolerance = self._tolerance(plan)
+        tiny = reported <= self.tiny_usage_fraction * planned
+        if tiny:
+            summary = (
+                f"{plan.tenant}'s {plan.request_id} sent a {planned}-token prompt but the "
+                f"target reported usage.prompt_tokens={reported}: the incident signature of a "
+                f"prompt replaced by a placeholder and never prefilled"
+            )
+        else:
+            summary = (
+                f"{plan.tenant}'s {plan.request_id} sent {planned} prompt tokens but the target "
+                f"reported usage.prompt_tokens={reported} (off by {reported - planned:+d}, "
+                f"tolerance {tolerance})"
+            )
+        return Finding(
+            kind=FindingKind.PROMPT_TOKENS_MISMATCH,
+            severity=Severity.HIGH,
+            detector=DETECTOR,
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            summary=summary,
+            details={
+                "num_prompt_tokens": planned,
+                "usage_prompt_tokens": reported,
+                "difference": reported - planned,
+                "tolerance_tokens": tolerance,
+                "incident_signature": tiny,
+                "api": plan.api,
+                "status": obs.status,
+                "expected": plan.expected,
+                "size_label": plan.size_label,
+            },
+        )
+
+
+def _accepted(obs: Observation) -> bool:
+    return obs.status is not None and 200 <= obs.status < 300

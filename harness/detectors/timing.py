@@ -1,0 +1,350 @@
+"""The timing detector: a time-to-first-token too short for a real prefill of the prompt.
+
+Every prompt starts with a request-unique canary, so no legitimate prefix-cache hit can
+shorten its prefill: the first token of an N-token prompt cannot arrive before the target
+has computed N tokens of KV. A target that skips the prefill (the incident: a placeholder
+prompt, pages copied from elsewhere) answers long prompts about as fast as short ones.
+
+The model, fitted on the run's own traffic:
+
+    ttft_ms(n) = intercept_ms + ms_per_token * n + noise
+
+- **Fit set.** Only requests the target really processed: a plan expected to be accepted,
+  a 2xx status without error (an intentional disconnect after the first token counts), a
+  first token, and `usage.prompt_tokens` absent or within `usage_tolerance` (relative) of
+  the tokens sent. Over-limit probes and `prompt_tokens=1` answers never enter the fit, so
+  a vulnerable target's fast answers cannot drag the line down. At most `max_fit_samples`
+  are kept (a seeded reservoir sample), which bounds the cost of a refit in long soaks.
+- **Fit.** Siegel's repeated-medians line (`scipy.stats.siegelslopes`, 50% breakdown: up to
+  half the fit set may be outliers such as queueing spikes), the slope clamped at >= 0.
+  `scale_ms` is the robust residual scale, 1.4826 x the median absolute residual, floored at
+  `min_scale_ms`. The fit needs `min_samples` samples of at least two distinct prompt
+  lengths; it is refitted each time the fit set grows by a quarter, and once more at
+  `finish()`.
+- **Rule.** With k = `num_sigmas` and f = `fraction`:
+
+      lower_bound_ms(n) = intercept + ms_per_token * n - k * scale      (legitimate floor)
+      threshold_ms(n)   = intercept + f * ms_per_token * n - k * scale  (flag below this)
+
+  i.e. a response is flagged `fast_prefill` (high) when its TTFT is more than k noise
+  scales below the time needed for a fraction f of the prompt's predicted prefill work. It
+  applies only to prompts whose predicted prefill is well above the noise: eligible when
+  `f * ms_per_token * n >= 2 * k * scale` (the threshold sits at least k scales above the
+  intercept, so an ordinary fast answer to a short prompt is never "too fast") and
+  `ms_per_token * n >= min_prefill_ms`. Defaults: k = 4, f = 0.5, min_prefill_ms = 5.
+- **Candidates.** Every response with a 2xx status and a first token, including over-limit
+  probes (they must be flagged when answered fast).
+
+`observe()` flags online once a model exists; `finish()` re-evaluates every candidate not
+yet flagged against the final fit. A request is flagged at most once, and an online flag is
+never withdrawn even if the final fit would not repeat it. In soaks, candidates kept for
+re-evaluation are capped at `max_retained`: past it, those at or above the current lower
+bound (which no plausible final fit would flag) are dropped, then the oldest.
+
+It deliberately knows nothing about response text or status semantics (content and
+protocol detectors), and does not test cross-tenant prefix-cache sharing (a paired
+timing test, not a per-request rule).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import siegelslopes
+
+from harness.errors import ConfigError
+from harness.finding import Finding, FindingKind, Severity
+from harness.observation import Observation
+from tenants.plan import RequestPlan
+
+DETECTOR = "timing"
+_MAD_TO_SIGMA = 1.4826
+_REFIT_GROWTH = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class TtftModel:
+    """A fitted TTFT-vs-prompt-tokens line and the rule that turns it into a verdict."""
+
+    intercept_ms: float
+    ms_per_token: float
+    scale_ms: float
+    """Robust residual scale (1.4826 x median absolute residual, floored)."""
+    num_samples: int
+    """Samples in the fit (at most `max_fit_samples`)."""
+    num_sigmas: float
+    fraction: float
+    min_prefill_ms: float
+    method: str = "siegelslopes"
+
+    def predict(self, num_tokens: float) -> float:
+        """Expected TTFT in ms for a prompt of `num_tokens` tokens (works on arrays too)."""
+        return self.intercept_ms + self.ms_per_token * num_tokens
+
+    def lower_bound(self, num_tokens: float) -> float:
+        """Below this a real prefill is implausible (k noise scales under the prediction)."""
+        return self.predict(num_tokens) - self.num_sigmas * self.scale_ms
+
+    def threshold(self, num_tokens: float) -> float:
+        """TTFTs below this are flagged: less than `fraction` of the prefill work was done."""
+        return (
+            self.intercept_ms
+            + self.fraction * self.ms_per_token * num_tokens
+            - self.num_sigmas * self.scale_ms
+        )
+
+    def eligible(self, num_tokens: float) -> bool:
+        """Whether the predicted prefill of this length stands far enough above the noise."""
+        prefill_ms = self.ms_per_token * num_tokens
+        return (
+            self.fraction * prefill_ms >= 2 * self.num_sigmas * self.scale_ms
+            and prefill_ms >= self.min_prefill_ms
+        )
+
+    def is_fast(self, num_tokens: float, ttft_ms: float) -> bool:
+        return self.eligible(num_tokens) and ttft_ms < self.threshold(num_tokens)
+
+    @property
+    def min_eligible_tokens(self) -> float:
+        """The shortest prompt the rule applies to (inf if the slope is zero)."""
+        if self.ms_per_token <= 0:
+            return float("inf")
+        by_noise = 2 * self.num_sigmas * self.scale_ms / (self.fraction * self.ms_per_token)
+        return max(by_noise, self.min_prefill_ms / self.ms_per_token)
+
+    @property
+    def rule(self) -> str:
+        return (
+            f"flag when ttft < intercept + {self.fraction:g} x ms_per_token x n - "
+            f"{self.num_sigmas:g} x scale, for n with {self.fraction:g} x ms_per_token x n >= "
+            f"{2 * self.num_sigmas:g} x scale and ms_per_token x n >= {self.min_prefill_ms:g} ms"
+        )
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        """Plain values for summary.json and reports."""
+        return {
+            "intercept_ms": self.intercept_ms,
+            "ms_per_token": self.ms_per_token,
+            "scale_ms": self.scale_ms,
+            "num_samples": self.num_samples,
+            "num_sigmas": self.num_sigmas,
+            "fraction": self.fraction,
+            "min_prefill_ms": self.min_prefill_ms,
+            "min_eligible_tokens": self.min_eligible_tokens,
+            "method": self.method,
+            "rule": self.rule,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """What a fast_prefill finding needs from one served request (kept for re-evaluation)."""
+
+    request_id: str
+    tenant: str
+    num_prompt_tokens: int
+    ttft_ms: float
+    expected: str
+    size_label: str
+    status: int | None
+    usage_prompt_tokens: int | None
+
+
+class TimingDetector:
+    """Fits TTFT against prompt length on honest traffic and flags prefills that were skipped."""
+
+    def __init__(
+        self,
+        *,
+        min_samples: int = 8,
+        num_sigmas: float = 4.0,
+        fraction: float = 0.5,
+        min_prefill_ms: float = 5.0,
+        min_scale_ms: float = 0.5,
+        usage_tolerance: float = 0.1,
+        max_fit_samples: int = 1000,
+        max_retained: int = 100_000,
+        seed: int = 0,
+    ) -> None:
+        if min_samples < 3:
+            raise ConfigError(f"timing: min_samples must be at least 3, got {min_samples}")
+        if not 0 < fraction < 1:
+            raise ConfigError(f"timing: fraction must be in (0, 1), got {fraction}")
+        if num_sigmas <= 0 or min_scale_ms <= 0 or min_prefill_ms < 0 or usage_tolerance < 0:
+            raise ConfigError("timing: sigmas and scale floor must be > 0, tolerances >= 0")
+        if max_fit_samples < min_samples or max_retained < 1:
+            raise ConfigError("timing: max_fit_samples must be >= min_samples, max_retained >= 1")
+        self.min_samples = min_samples
+        self.num_sigmas = num_sigmas
+        self.fraction = fraction
+        self.min_prefill_ms = min_prefill_ms
+        self.min_scale_ms = min_scale_ms
+        self.usage_tolerance = usage_tolerance
+        self.max_fit_samples = max_fit_samples
+        self.max_retained = max_retained
+        self.num_fit_seen = 0
+        """Requests that qualified for the fit (the reservoir holds at most max_fit_samples)."""
+        self.num_candidates = 0
+        self._rng = random.Random(seed)
+        self._fit_tokens: list[float] = []
+        self._fit_ttft_ms: list[float] = []
+        self._fitted_at = 0
+        self._model: TtftModel | None = None
+        self._retained: list[_Candidate] = []
+        self._flagged: set[str] = set()
+
+    @property
+    def model(self) -> TtftModel | None:
+        """The current fit (the final one after `finish()`), or None if there is none yet."""
+        return self._model
+
+    def observe(self, plan: RequestPlan, obs: Observation) -> list[Finding]:
+        """Take one finished request; returns a finding if the current fit already flags it."""
+        assert plan.request_id == obs.request_id, "observation does not belong to this plan"
+        ttft_ns = obs.ttft_ns
+        if ttft_ns is None or ttft_ns < 0 or obs.status is None or not 200 <= obs.status < 300:
+            return []
+        ttft_ms = ttft_ns / 1e6
+        if self._qualifies_for_fit(plan, obs):
+            self._add_fit_sample(plan.num_prompt_tokens, ttft_ms)
+            if self._due_for_refit():
+                self._refit()
+        candidate = _Candidate(
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            num_prompt_tokens=plan.num_prompt_tokens,
+            ttft_ms=ttft_ms,
+            expected=plan.expected,
+            size_label=plan.size_label,
+            status=obs.status,
+            usage_prompt_tokens=obs.usage.prompt_tokens,
+        )
+        self.num_candidates += 1
+        finding = self._evaluate(candidate, when="online")
+        if finding is not None:
+            return [finding]
+        self._retain(candidate)
+        return []
+
+    def finish(self) -> list[Finding]:
+        """Refit on everything and flag every not-yet-flagged candidate the final fit flags."""
+        if self.num_fit_seen != self._fitted_at:
+            self._refit()
+        findings = []
+        for candidate in self._retained:
+            finding = self._evaluate(candidate, when="final")
+            if finding is not None:
+                findings.append(finding)
+        self._retained = [c for c in self._retained if c.request_id not in self._flagged]
+        return findings
+
+    # -- fit ------------------------------------------------------------------------------
+
+    def _qualifies_for_fit(self, plan: RequestPlan, obs: Observation) -> bool:
+        if plan.expected != "accept" or obs.error_kind not in (None, "disconnected"):
+            return False
+        reported = obs.usage.prompt_tokens
+        if reported is None:
+            return True
+        return abs(reported - plan.num_prompt_tokens) <= self.usage_tolerance * max(
+            plan.num_prompt_tokens, 1
+        )
+
+    def _add_fit_sample(self, num_tokens: int, ttft_ms: float) -> None:
+        self.num_fit_seen += 1
+        if len(self._fit_tokens) < self.max_fit_samples:
+            self._fit_tokens.append(float(num_tokens))
+            self._fit_ttft_ms.append(ttft_ms)
+            return
+        slot = self._rng.randrange(self.num_fit_seen)  # Algorithm R: uniform over all seen
+        if slot < self.max_fit_samples:
+            self._fit_tokens[slot] = float(num_tokens)
+            self._fit_ttft_ms[slot] = ttft_ms
+
+    def _due_for_refit(self) -> bool:
+        if self.num_fit_seen < self.min_samples:
+            return False
+        return self._model is None or self.num_fit_seen >= _REFIT_GROWTH * self._fitted_at
+
+    def _refit(self) -> None:
+        self._fitted_at = self.num_fit_seen
+        if len(self._fit_tokens) < self.min_samples:
+            return
+        x = np.asarray(self._fit_tokens)
+        y = np.asarray(self._fit_ttft_ms)
+        if np.unique(x).size < 2:  # a slope needs two prompt lengths; wait for more traffic
+            self._fitted_at = 0 if self._model is None else self._fitted_at
+            return
+        result = siegelslopes(y, x)
+        slope = max(float(result.slope), 0.0)
+        intercept = float(np.median(y - slope * x))
+        mad = float(np.median(np.abs(y - (intercept + slope * x))))
+        self._model = TtftModel(
+            intercept_ms=intercept,
+            ms_per_token=slope,
+            scale_ms=max(_MAD_TO_SIGMA * mad, self.min_scale_ms),
+            num_samples=int(x.size),
+            num_sigmas=self.num_sigmas,
+            fraction=self.fraction,
+            min_prefill_ms=self.min_prefill_ms,
+        )
+
+    # -- verdicts -------------------------------------------------------------------------
+
+    def _evaluate(self, candidate: _Candidate, *, when: str) -> Finding | None:
+        model = self._model
+        if model is None or candidate.request_id in self._flagged:
+            return None
+        if not model.is_fast(candidate.num_prompt_tokens, candidate.ttft_ms):
+            return None
+        self._flagged.add(candidate.request_id)
+        return _finding(candidate, model, when)
+
+    def _retain(self, candidate: _Candidate) -> None:
+        self._retained.append(candidate)
+        if len(self._retained) <= self.max_retained:
+            return
+        model = self._model
+        if model is not None:
+            self._retained = [
+                c
+                for c in self._retained
+                if c.ttft_ms < model.lower_bound(c.num_prompt_tokens)
+                and c.request_id not in self._flagged
+            ]
+        if len(self._retained) > self.max_retained:
+            self._retained = self._retained[-(self.max_retained // 2) :]
+
+
+def _finding(c: _Candidate, model: TtftModel, when: str) -> Finding:
+    predicted = model.predict(c.num_prompt_tokens)
+    threshold = model.threshold(c.num_prompt_tokens)
+    expected = " over-limit" if c.expected == "reject" else ""
+    summary = (
+        f"{c.tenant}'s {c.request_id} ({c.num_prompt_tokens}-token{expected} prompt) got its "
+        f"first token after {c.ttft_ms:.1f} ms, but a real prefill takes about "
+        f"{predicted:.1f} ms (flagged below {threshold:.1f} ms): the prompt was not prefilled"
+    )
+    return Finding(
+        kind=FindingKind.FAST_PREFILL,
+        severity=Severity.HIGH,
+        detector=DETECTOR,
+        request_id=c.request_id,
+        tenant=c.tenant,
+        summary=summary,
+        details={
+            "ttft_ms": c.ttft_ms,
+            "predicted_ms": predicted,
+            "lower_bound_ms": model.lower_bound(c.num_prompt_tokens),
+            "threshold_ms": threshold,
+            "num_prompt_tokens": c.num_prompt_tokens,
+            "usage_prompt_tokens": c.usage_prompt_tokens,
+            "expected": c.expected,
+            "size_label": c.size_label,
+            "status": c.status,
+            "evaluated": when,
+            "model": model.to_dict(),
+        },
+    )

@@ -1,0 +1,470 @@
+"""The runner: sends planned requests in phases, feeds the detectors, journals everything.
+
+A run is a sequence of phases over a budget (a request count or a duration):
+
+    fill    victims only: canary-laced prompts a safe target accepts fill its KV pool
+    probe   probes at and above the pool and context limits, interleaved with continuing
+            victim traffic so that stale pages always hold fresh canaries
+    abort   abort plans (the client drops the connection mid-stream) mixed with victims and
+            probes, which exercises the release path while pages are still being written
+
+Within a phase, intents are interleaved by smooth weighted round robin, so a 3:1 mix sends
+`victim victim probe victim ...` rather than bursts. Requests start either from `N`
+closed-loop workers or at Poisson arrival times on an absolute clock (`harness.arrivals`).
+
+For every request, in this order: its canaries join the live index with their owner; the
+plan is journaled (before anything is sent, so a killed run loses at most what was in
+flight); each streamed chunk goes to the content detector, whose findings are journaled as
+they appear; the observation is journaled with its text redacted to the canary spans (unless
+raw evidence was asked for); then the protocol and timing detectors' findings.
+
+`stop()` (the first Ctrl-C) stops sending and gives requests in flight `grace_s` to finish
+before cancelling them; `cancel()` (the second) cancels them at once. Either way the run ends
+with `run_finished` (reason `interrupted`); cancelled requests are journaled as observations
+with `error_kind="cancelled"`.
+
+It deliberately does not build plans, talk HTTP, render reports or print: those are the
+planner, the target client, `reports` and `harness.progress`, wired by `harness.session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from canaries import Hit, Owner, redact
+from harness.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
+from harness.events import (
+    Event,
+    FindingRecorded,
+    ObservationRecorded,
+    PhaseStarted,
+    PlanRecorded,
+    RunFinished,
+)
+from harness.finding import Finding
+from harness.observation import Observation
+from tenants.plan import Intent, RequestPlan
+from tenants.tenant import Tenant
+
+DEFAULT_GRACE_S = 5.0
+
+
+class Sender(Protocol):
+    """Sends one plan and reports what was seen (`harness.client.TargetClient`)."""
+
+    async def send(
+        self,
+        plan: RequestPlan,
+        tenant: Tenant,
+        *,
+        t_scheduled_ns: int,
+        on_text: Callable[[str], None],
+    ) -> Observation: ...
+
+
+class ResponseScan(Protocol):
+    """The content detector's state for one response."""
+
+    @property
+    def hits(self) -> Sequence[Hit]: ...
+
+    def feed(self, chunk: str) -> list[Finding]: ...
+
+    def finish(self, obs: Observation) -> list[Finding]: ...
+
+
+class ContentScanner(Protocol):
+    def start(self, plan: RequestPlan) -> ResponseScan: ...
+
+
+class PlanChecker(Protocol):
+    def check(self, plan: RequestPlan, obs: Observation) -> list[Finding]: ...
+
+
+class TimingChecker(Protocol):
+    def observe(self, plan: RequestPlan, obs: Observation) -> list[Finding]: ...
+
+    def finish(self) -> list[Finding]: ...
+
+
+class CanaryRegistry(Protocol):
+    """The live canary index (`canaries.CanaryIndex`)."""
+
+    max_live: int
+
+    def __len__(self) -> int: ...
+
+    def add_many(self, items: Iterable[tuple[str, Owner]]) -> None: ...
+
+    def discard(self, canary: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Detectors:
+    """The three detectors every observation passes through."""
+
+    content: ContentScanner
+    protocol: PlanChecker
+    timing: TimingChecker
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One stage of a run: its share of the budget and the relative weights of its intents."""
+
+    name: str
+    share: float
+    weights: Mapping[Intent, float]
+
+    def __post_init__(self) -> None:
+        assert 0 < self.share <= 1, f"phase {self.name}: share must be in (0, 1]"
+        assert self.weights, f"phase {self.name} sends nothing"
+        assert all(w >= 0 for w in self.weights.values()), "intent weights cannot be negative"
+
+
+def default_phases(victim_fraction: float) -> tuple[Phase, ...]:
+    """fill / probe / abort, with victims making up `victim_fraction` of mixed traffic."""
+    probe_fraction = 1.0 - victim_fraction
+    return (
+        Phase("fill", 0.15, {"victim": 1.0}),
+        Phase("probe", 0.65, {"victim": victim_fraction, "probe": probe_fraction}),
+        Phase(
+            "abort",
+            0.20,
+            {"abort": 0.4, "victim": 0.6 * victim_fraction, "probe": 0.6 * probe_fraction},
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """When a run ends: after `num_requests` sent, or after `duration_s` seconds.
+
+    Phases take their shares of the whole budget, or, with `cycle_s`, of each cycle of that
+    many seconds (soaks repeat fill / probe / abort for hours).
+    """
+
+    num_requests: int | None = None
+    duration_s: float | None = None
+    cycle_s: float | None = None
+
+    def __post_init__(self) -> None:
+        assert (self.num_requests is None) != (self.duration_s is None), (
+            "a budget is a request count or a duration"
+        )
+        assert self.cycle_s is None or self.duration_s is not None
+
+
+class Workload:
+    """The plans a run sends: one stream per intent, interleaved per phase."""
+
+    def __init__(
+        self, streams: Mapping[Intent, Iterator[RequestPlan]], phases: Sequence[Phase]
+    ) -> None:
+        assert phases, "a workload needs at least one phase"
+        self._streams = dict(streams)
+        self.phases = tuple(phases)
+        self._bounds: list[float] = []
+        total = sum(phase.share for phase in self.phases)
+        running = 0.0
+        for phase in self.phases:
+            running += phase.share / total
+            self._bounds.append(running)
+        self._credit: dict[str, dict[Intent, float]] = {p.name: {} for p in self.phases}
+
+    def phase_at(self, fraction: float) -> Phase:
+        """The phase for a position in [0, 1) of the budget (or of a cycle)."""
+        for phase, bound in zip(self.phases, self._bounds, strict=True):
+            if fraction < bound:
+                return phase
+        return self.phases[-1]
+
+    def next_plan(self, phase: Phase) -> RequestPlan | None:
+        """The phase's next plan by smooth weighted round robin; None when all streams end."""
+        while True:
+            weights = {i: w for i, w in phase.weights.items() if w > 0 and i in self._streams}
+            if not weights:
+                return None
+            credit = self._credit[phase.name]
+            for intent, weight in weights.items():
+                credit[intent] = credit.get(intent, 0.0) + weight
+            intent = max(weights, key=lambda i: credit[i])
+            credit[intent] -= sum(weights.values())
+            plan = next(self._streams[intent], None)
+            if plan is None:
+                del self._streams[intent]  # an exhausted stream drops out of every mix
+                continue
+            if plan.phase != phase.name:
+                plan = dataclasses.replace(plan, phase=phase.name)
+            return plan
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """How a run ended and what it saw (the report has the full story)."""
+
+    reason: str
+    num_requests: int
+    num_observations: int
+    errors: Counter[str] = field(default_factory=Counter)
+    """Observations by `error_kind` (rejections are `http_status`)."""
+    findings: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def num_findings(self) -> int:
+        return sum(self.findings.values())
+
+
+class Runner:
+    """Runs one workload against one target; see the module docstring for the order of events."""
+
+    def __init__(
+        self,
+        *,
+        sender: Sender,
+        tenants: Mapping[str, Tenant],
+        workload: Workload,
+        index: CanaryRegistry,
+        detectors: Detectors,
+        emit: Callable[[Event], None],
+        pacing: Pacing,
+        budget: Budget,
+        keep_raw_evidence: bool = False,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Clock | None = None,
+        num_previous_requests: int = 0,
+    ) -> None:
+        self._sender = sender
+        self._tenants = dict(tenants)
+        self._workload = workload
+        self._index = index
+        self._detectors = detectors
+        self._emit_event = emit
+        self._pacing = pacing
+        self._budget = budget
+        self._keep_raw_evidence = keep_raw_evidence
+        self._grace_s = grace_s
+        self._clock = clock or MonotonicClock()
+        self._num_previous_requests = num_previous_requests
+        self._stopping = asyncio.Event()
+        self._interrupted = False
+        self._busy: set[asyncio.Task[None]] = set()
+        self._live: deque[tuple[str, ...]] = deque()
+        """Canary texts per plan in the index, oldest first."""
+        self._grace: asyncio.TimerHandle | None = None
+        self._phase: Phase | None = None
+        self._num_taken = 0
+        self._t0_ns = 0
+        self.outcome = RunOutcome("running", 0, 0)
+
+    # -- control ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop sending; requests in flight get `grace_s` to finish, then are cancelled."""
+        self._interrupted = True
+        self._stopping.set()
+        if self._grace is None:
+            self._grace = asyncio.get_running_loop().call_later(self._grace_s, self.cancel)
+
+    def cancel(self) -> None:
+        """Stop sending and cancel every request in flight now."""
+        self._interrupted = True
+        self._stopping.set()
+        for task in list(self._busy):
+            task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    # -- the run ------------------------------------------------------------------------
+
+    async def run(self) -> RunOutcome:
+        """Send the workload until the budget is spent or `stop()`; returns how it ended."""
+        self._t0_ns = self._clock.now_ns()
+        message: str | None = None
+        reason = "error"
+        try:
+            async with asyncio.TaskGroup() as group:
+                if isinstance(self._pacing, ClosedLoop):
+                    for _ in range(self._pacing.concurrency):
+                        self._track(group.create_task(self._closed_loop_worker()))
+                else:
+                    group.create_task(self._open_loop_dispatcher(self._pacing, group))
+            if self._interrupted:
+                reason = "interrupted"
+            else:
+                reason = "duration" if self._budget.duration_s is not None else "completed"
+        except asyncio.CancelledError:
+            reason, message = "interrupted", "the run was cancelled"
+            raise
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if self._grace is not None:
+                self._grace.cancel()
+            if reason != "error":
+                for finding in self._detectors.timing.finish():
+                    self._emit_finding(finding)
+            self.outcome.reason = reason
+            self._emit(
+                RunFinished(
+                    reason=reason,
+                    t_wall=time.time(),
+                    num_requests=self._num_previous_requests + self.outcome.num_requests,
+                    message=message,
+                )
+            )
+        return self.outcome
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._busy.add(task)
+        task.add_done_callback(self._busy.discard)
+
+    async def _closed_loop_worker(self) -> None:
+        while (plan := self._take(self._clock.now_ns())) is not None:
+            await self._execute(plan, self._clock.now_ns())
+
+    async def _open_loop_dispatcher(
+        self, pacing: PoissonArrivals, group: asyncio.TaskGroup
+    ) -> None:
+        slots = asyncio.Semaphore(pacing.max_in_flight)
+        for t_arrival_ns in pacing.times(self._t0_ns):
+            # The plan is built before its arrival time so building it does not add slip.
+            plan = self._take(t_arrival_ns)
+            if plan is None or not await self._wait_until(t_arrival_ns):
+                return
+            await slots.acquire()
+            if self._stopping.is_set():
+                return
+            self._track(group.create_task(self._execute_and_release(plan, t_arrival_ns, slots)))
+
+    async def _execute_and_release(
+        self, plan: RequestPlan, t_scheduled_ns: int, slots: asyncio.Semaphore
+    ) -> None:
+        try:
+            await self._execute(plan, t_scheduled_ns)
+        finally:
+            slots.release()
+
+    async def _wait_until(self, t_ns: int) -> bool:
+        """Sleep until `t_ns` on the run's clock; False if the run was stopped meanwhile."""
+        if self._stopping.is_set():
+            return False
+        sleeper = asyncio.ensure_future(self._clock.sleep_until(t_ns))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((sleeper, stopper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+        return not self._stopping.is_set()
+
+    def _take(self, t_ns: int) -> RequestPlan | None:
+        """The next plan to send at `t_ns`, or None when the budget is spent or stopped."""
+        if self._stopping.is_set():
+            return None
+        fraction = self._position(t_ns)
+        if fraction is None:
+            return None
+        phase = self._workload.phase_at(fraction)
+        if phase is not self._phase:
+            self._phase = phase
+            self._emit(PhaseStarted(phase.name, t_wall=time.time()))
+        plan = self._workload.next_plan(phase)
+        if plan is not None:
+            self._num_taken += 1
+        return plan
+
+    def _position(self, t_ns: int) -> float | None:
+        budget = self._budget
+        if budget.num_requests is not None:
+            if self._num_taken >= budget.num_requests:
+                return None
+            return self._num_taken / budget.num_requests
+        assert budget.duration_s is not None
+        elapsed_s = (t_ns - self._t0_ns) / 1e9
+        if elapsed_s >= budget.duration_s:
+            return None
+        cycle_s = min(budget.cycle_s or budget.duration_s, budget.duration_s)
+        return (elapsed_s % cycle_s) / cycle_s
+
+    async def _execute(self, plan: RequestPlan, t_scheduled_ns: int) -> None:
+        tenant = self._tenants[plan.tenant]
+        self._register(plan)
+        self._emit(PlanRecorded(plan))
+        scan = self._detectors.content.start(plan)
+
+        def on_text(chunk: str) -> None:
+            for finding in scan.feed(chunk):
+                self._emit_finding(finding)
+
+        try:
+            obs = await self._sender.send(
+                plan, tenant, t_scheduled_ns=t_scheduled_ns, on_text=on_text
+            )
+        except asyncio.CancelledError:
+            self._observe(plan, scan, self._cancelled(plan, t_scheduled_ns))
+            raise
+        self._observe(plan, scan, obs)
+
+    def _register(self, plan: RequestPlan) -> None:
+        """Add the plan's canaries to the live index, forgetting the oldest plans' if full.
+
+        A forgotten canary is still attributed through the run key when it is found whole;
+        only its fragments go undetected, and only for plans thousands of requests old.
+        """
+        texts = tuple(canary.text for canary in plan.canaries)
+        while self._live and len(self._index) + len(texts) > self._index.max_live:
+            for text in self._live.popleft():
+                self._index.discard(text)
+        owner = Owner(plan.tenant, plan.request_id)
+        self._index.add_many((text, owner) for text in texts)
+        self._live.append(texts)
+
+    def _observe(self, plan: RequestPlan, scan: ResponseScan, obs: Observation) -> None:
+        findings = [
+            *scan.finish(obs),
+            *self._detectors.protocol.check(plan, obs),
+            *self._detectors.timing.observe(plan, obs),
+        ]
+        if obs.text and not self._keep_raw_evidence:
+            obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)
+        self._emit(ObservationRecorded(obs))
+        for finding in findings:
+            self._emit_finding(finding)
+
+    def _cancelled(self, plan: RequestPlan, t_scheduled_ns: int) -> Observation:
+        return Observation(
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            status=None,
+            t_wall=time.time(),
+            t_scheduled_ns=t_scheduled_ns,
+            t_sent_ns=t_scheduled_ns,
+            t_done_ns=self._clock.now_ns(),
+            error_kind="cancelled",
+            error="interrupted before the response finished",
+        )
+
+    def _emit_finding(self, finding: Finding) -> None:
+        self._emit(FindingRecorded(finding, t_wall=time.time()))
+
+    def _emit(self, event: Event) -> None:
+        outcome = self.outcome
+        if isinstance(event, PlanRecorded):
+            outcome.num_requests += 1
+        elif isinstance(event, ObservationRecorded):
+            outcome.num_observations += 1
+            if event.observation.error_kind is not None:
+                outcome.errors[event.observation.error_kind] += 1
+        elif isinstance(event, FindingRecorded):
+            outcome.findings[str(event.finding.kind)] += 1
+        self._emit_event(event)

@@ -1,0 +1,522 @@
+"""One `kvcanary run` / `soak` session: the pieces wired together, start to report.
+
+In order: the output directory (fresh, or a soak's journal to resume); the tenants and their
+credential variables (checked before anything is sent); the target, or the bundled reference
+engine started on a free loopback port; the target's limits and model (flags first); the
+tokenizer, canary minter and live canary index; the planner and its three plan streams; the
+target client and the detectors; the journal (`run_started` first); the runner, with Ctrl-C
+wired to a graceful stop; for soaks, periodic reports and journal rotation; finally
+`reports.render_run` and the verdict.
+
+It knows which piece needs which other piece, and nothing about how any of them works.
+Heavy or optional imports (the engine, pandas via reports) happen inside functions, so the
+harness runs against a remote deployment without the engine installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import secrets
+import signal
+import threading
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from canaries import TAG, CanaryError, CanaryMinter, CanaryOrigin, Owner, Tokenizer, load_tokenizer
+from harness.arrivals import ClosedLoop, Pacing, PoissonArrivals
+from harness.client import TargetClient, make_http_client
+from harness.detectors.content import ContentDetector
+from harness.detectors.protocol import ProtocolDetector
+from harness.detectors.timing import TimingDetector
+from harness.errors import ConfigError, RunIncomplete
+from harness.events import Event, Limits, PlanRecorded, RunStarted
+from harness.journal import JOURNAL_NAME, JournalWarning, JournalWriter, read_journal
+from harness.limits import limits_from_facts
+from harness.options import format_duration
+from harness.progress import ProgressDisplay
+from harness.run_config import RunConfig
+from harness.runner import Budget, Detectors, Runner, RunOutcome, Workload, default_phases
+from harness.server_info import EngineFacts, read_engine_facts
+from tenants.planner import CHAT_INSTRUCTION, Planner, request_id
+from tenants.tenant import Tenant, default_tenants
+from tenants.workload import WorkloadProfile, get_profile
+
+RUNS_DIR = "kvcanary-runs"
+SOAK_CYCLE_S = 600.0
+"""A soak repeats fill / probe / abort every this many seconds (shorter soaks: once)."""
+MAX_RESPONSE_BYTES = 1024 * 1024
+
+EXIT_BY_VERDICT = {"leak": 1, "clean": 0, "inconclusive": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """How a session ended: the runner's outcome and the report's verdict."""
+
+    out_dir: Path
+    outcome: RunOutcome
+    verdict: str
+    reasons: tuple[str, ...]
+    outputs: dict[str, Path]
+    render_errors: dict[str, str]
+
+    @property
+    def exit_status(self) -> int:
+        """0 clean, 1 findings, 3 no verdict (DESIGN.md, "Run output contract")."""
+        return EXIT_BY_VERDICT[self.verdict]
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """Who this run is: fresh, or the soak it continues."""
+
+    run_id: str
+    seed: int
+    num_previous_requests: int
+    next_request: int
+    """The first request number this session plans (numbering continues on resume)."""
+    resumed: bool
+
+
+def run_session(
+    config: RunConfig,
+    *,
+    file: IO[str] | None = None,
+    live: bool | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> RunResult:
+    """Run `config` to its end (or Ctrl-C), render the reports, return the verdict.
+
+    `file` and `live` go to the progress display; `transport` replaces the network (tests).
+    Raises `ConfigError` for unusable settings and `RunIncomplete` when no run could start.
+    """
+    tenants = default_tenants(config.tenants, config.api_key_env)
+    for tenant in tenants:
+        tenant.auth_headers()  # a missing credential variable is a usage error, before any I/O
+    profile = get_profile(config.profile)
+    out_dir, identity = _prepare_out_dir(config)
+    display = ProgressDisplay(
+        num_requests=config.num_requests, duration_s=config.duration, file=file, live=live
+    )
+    if config.target is not None:
+        outcome = asyncio.run(
+            _run(config, config.target, out_dir, identity, tenants, profile, display, transport)
+        )
+    else:
+        with _bundled_engine(config, display) as base_url:
+            outcome = asyncio.run(
+                _run(config, base_url, out_dir, identity, tenants, profile, display, transport)
+            )
+    return _render(config, out_dir, outcome, display)
+
+
+@contextlib.contextmanager
+def _bundled_engine(config: RunConfig, display: ProgressDisplay) -> Iterator[str]:
+    from reference_engine.server.launch import running_engine
+
+    fixes = f" with fixes {', '.join(config.engine_fix)}" if config.engine_fix else ""
+    display.note(f"starting the bundled reference engine ({config.engine_preset}{fixes})")
+    # Separate processes: the engine's Python never competes with the harness for one GIL,
+    # which keeps its TTFT honest, and KV pages cross a real socket between the sides.
+    with running_engine(
+        config.engine_preset, fixes=tuple(config.engine_fix), processes=True
+    ) as engine:
+        display.note(f"engine listening at {engine.base_url}")
+        yield str(engine.base_url)
+    display.note("engine stopped")
+
+
+def _render(
+    config: RunConfig, out_dir: Path, outcome: RunOutcome, display: ProgressDisplay
+) -> RunResult:
+    from reports.render import render_run
+
+    result = render_run(out_dir, keep_raw_evidence=config.keep_raw_evidence)
+    reasons = tuple(str(r) for r in result.summary.get("verdict_reasons", ()))
+    for name, error in result.errors.items():
+        display.note(f"report output {name} could not be written: {error}")
+    return RunResult(
+        out_dir=out_dir,
+        outcome=outcome,
+        verdict=str(result.verdict),
+        reasons=reasons,
+        outputs=dict(result.paths),
+        render_errors=dict(result.errors),
+    )
+
+
+# -- output directory and resume -------------------------------------------------------
+
+
+def default_out_dir(now: datetime | None = None) -> Path:
+    """`./kvcanary-runs/<UTC timestamp>`, made unique if two runs start in one second."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(RUNS_DIR) / stamp
+    suffix = 1
+    while path.exists():
+        path = Path(RUNS_DIR) / f"{stamp}-{suffix}"
+        suffix += 1
+    return path
+
+
+def _prepare_out_dir(config: RunConfig) -> tuple[Path, _Identity]:
+    out_dir = Path(config.out) if config.out is not None else default_out_dir()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} exists and is not a directory")
+    if (out_dir / JOURNAL_NAME).exists() or any(out_dir.glob("journal.*.jsonl")):
+        if config.command != "soak":
+            raise ConfigError(
+                f"--out {out_dir} already holds a run; choose another directory "
+                f"(a soak can be resumed with `kvcanary soak --out {out_dir}`)"
+            )
+        return out_dir, _resume(out_dir, config)
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
+    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
+    return out_dir, _Identity(run_id, seed, 0, 0, resumed=False)
+
+
+def _resume(out_dir: Path, config: RunConfig) -> _Identity:
+    started: RunStarted | None = None
+    num_plans = next_request = 0
+    with warnings.catch_warnings():
+        # a torn last line is what a killed soak leaves; it is expected here
+        warnings.simplefilter("ignore", JournalWarning)
+        for event in read_journal(out_dir):
+            if isinstance(event, RunStarted):
+                started = started or event
+            elif isinstance(event, PlanRecorded):
+                num_plans += 1
+                number = re.search(r"(\d+)$", event.plan.request_id)
+                if number is not None:
+                    next_request = max(next_request, int(number.group(1)) + 1)
+    if started is None:
+        raise ConfigError(f"--out {out_dir}: its journal has no run_started record to resume")
+    mismatches = []
+    recorded = _target_key(started.settings)
+    if recorded != _target_key(config.to_record()):
+        mismatches.append(f"target {recorded}")
+    if config.seed is not None and config.seed != started.seed:
+        mismatches.append(f"seed {started.seed}")
+    if mismatches and not config.force:
+        raise ConfigError(
+            f"--out {out_dir} holds a run with {' and '.join(mismatches)}; use another --out, "
+            "or --force to continue it anyway"
+        )
+    seed = config.seed if config.seed is not None else started.seed
+    return _Identity(started.run_id, seed, num_plans, max(next_request, num_plans), resumed=True)
+
+
+def _target_key(settings: dict[str, Any]) -> str:
+    """What a resumed soak must match: the target URL, or the bundled engine and its fixes."""
+    if settings.get("target"):
+        return str(settings["target"])
+    fixes = "+".join(settings.get("engine_fix") or ())
+    return f"bundled engine {settings.get('engine_preset')}" + (f" ({fixes})" if fixes else "")
+
+
+# -- the run itself --------------------------------------------------------------------
+
+
+async def _run(
+    config: RunConfig,
+    base_url: str,
+    out_dir: Path,
+    identity: _Identity,
+    tenants: list[Tenant],
+    profile: WorkloadProfile,
+    display: ProgressDisplay,
+    transport: httpx.AsyncBaseTransport | None,
+) -> RunOutcome:
+    pacing = _pacing(config, identity.seed)
+    max_in_flight = pacing.concurrency if isinstance(pacing, ClosedLoop) else pacing.max_in_flight
+    timeout = httpx.Timeout(connect=10.0, read=config.timeout, write=60.0, pool=None)
+    async with _http_client(max_in_flight, timeout, transport) as http:
+        facts = await read_engine_facts(http, base_url, headers=tenants[0].auth_headers())
+        if not facts.reachable:
+            raise RunIncomplete(f"cannot reach the target at {base_url}: {_why(facts)}")
+        limits = limits_from_facts(
+            facts,
+            pool_tokens=config.pool_tokens,
+            context_tokens=config.context_tokens,
+            page_size=config.page_size,
+        )
+        model = config.model or facts.model
+        if model is None:
+            raise ConfigError(f"{base_url}/v1/models lists no model; pass --model NAME")
+        display.note(
+            f"target {base_url} ({facts.engine}), model {model}: pool {limits.pool_tokens} "
+            f"tokens, context {limits.context_tokens}, page {limits.page_size} "
+            f"[{limits.source}]"
+        )
+        planner = await _planner(config, http, base_url, model, tenants, profile, limits, identity)
+        detectors = Detectors(
+            ContentDetector(planner.index, redact_excerpts=not config.keep_raw_evidence),
+            ProtocolDetector(limits),
+            TimingDetector(),
+        )
+        client = TargetClient(
+            http,
+            base_url,
+            model=model,
+            max_response_bytes=MAX_RESPONSE_BYTES,
+            deadline_s=config.timeout,
+        )
+        journal = JournalWriter(out_dir / JOURNAL_NAME)
+
+        def emit(event: Event) -> None:
+            journal.write(event)
+            display.handle(event)
+
+        try:
+            emit(_run_started(config, base_url, model, limits, tenants, identity, planner))
+            runner = Runner(
+                sender=client,
+                tenants={t.name: t for t in tenants},
+                workload=Workload(
+                    {
+                        "victim": planner.victims(),
+                        "probe": planner.probes(),
+                        "abort": planner.abort_plans(),
+                    },
+                    default_phases(profile.victim_fraction),
+                ),
+                index=planner.index,
+                detectors=detectors,
+                emit=emit,
+                pacing=pacing,
+                budget=_budget(config),
+                keep_raw_evidence=config.keep_raw_evidence,
+                num_previous_requests=identity.num_previous_requests,
+            )
+            display.note(f"journal: {journal.path}")
+            with display, _interrupts(runner, display):
+                async with _soak_tasks(config, out_dir, journal, display):
+                    return await runner.run()
+        finally:
+            journal.close()
+
+
+def _http_client(
+    max_in_flight: int, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None
+) -> httpx.AsyncClient:
+    if transport is None:
+        return make_http_client(max_concurrency=max_in_flight, timeout=timeout)
+    return httpx.AsyncClient(transport=transport, timeout=timeout)
+
+
+def _why(facts: EngineFacts) -> str:
+    errors = [a.error for a in facts.attempts if a.error]
+    return errors[0] if errors else "no response"
+
+
+def _pacing(config: RunConfig, seed: int) -> Pacing:
+    if config.rate is not None:
+        return PoissonArrivals(rate=config.rate, seed=seed)
+    assert config.num_workers is not None
+    return ClosedLoop(config.num_workers)
+
+
+def _budget(config: RunConfig) -> Budget:
+    if config.duration is None:
+        return Budget(num_requests=config.num_requests)
+    cycle_s = SOAK_CYCLE_S if config.command == "soak" else None
+    return Budget(duration_s=config.duration, cycle_s=cycle_s)
+
+
+async def _planner(
+    config: RunConfig,
+    http: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    tenants: list[Tenant],
+    profile: WorkloadProfile,
+    limits: Limits,
+    identity: _Identity,
+) -> Planner:
+    try:
+        tokenizer = load_tokenizer(config.tokenizer)
+    except CanaryError as exc:
+        raise ConfigError(f"--tokenizer {config.tokenizer}: {exc}") from None
+    chat_overhead = 0
+    if config.api == "chat":
+        chat_overhead = await _chat_overhead(http, base_url, model, tokenizer, tenants[0])
+    # A given seed makes the whole run reproducible, canary key included; without one the
+    # key is random and never leaves this process.
+    if config.seed is not None:
+        minter = CanaryMinter.from_seed(identity.seed, identity.run_id)
+    else:
+        minter = CanaryMinter.random()
+    planner = Planner(
+        tenants,
+        profile,
+        tokenizer,
+        minter,
+        limits,
+        api=config.api,
+        page_size=limits.page_size,
+        seed=identity.seed,
+        chat_overhead_tokens=chat_overhead,
+        first_request=identity.next_request,
+    )
+    planner.index.owner_of = _owner_of(tenants)
+    return planner
+
+
+def _owner_of(tenants: list[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
+    """Attribute a canary that left the live index, from its decoded origin."""
+
+    def owner_of(origin: CanaryOrigin) -> Owner | None:
+        if not 0 <= origin.tenant < len(tenants):
+            return None
+        return Owner(tenants[origin.tenant].name, request_id(origin.tenant, origin.request))
+
+    return owner_of
+
+
+async def _chat_overhead(
+    http: httpx.AsyncClient, base_url: str, model: str, tokenizer: Tokenizer, tenant: Tenant
+) -> int:
+    """Tokens the target's chat template adds around a planned message, from its usage.
+
+    The probe message starts and ends like every planned chat prompt (a canary tag, then
+    the planner's instruction), so the template's boundary tokens are the same.
+    """
+    message = f" {TAG}{CHAT_INSTRUCTION}"
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+    url = f"{base_url.rstrip('/')}/v1/chat/completions"
+    try:
+        response = await http.post(url, json=body, headers=tenant.auth_headers())
+        prompt_tokens = response.json()["usage"]["prompt_tokens"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"cannot measure the chat template's size at {url} ({type(exc).__name__}); "
+            "use --api completions"
+        ) from None
+    overhead = int(prompt_tokens) - tokenizer.count(message)
+    if overhead < 0:
+        raise ConfigError(
+            f"{url} counts fewer tokens than --tokenizer {tokenizer.name} does; "
+            "give the model's tokenizer (--tokenizer PATH/tokenizer.json)"
+        )
+    return overhead
+
+
+def _run_started(
+    config: RunConfig,
+    base_url: str,
+    model: str,
+    limits: Limits,
+    tenants: list[Tenant],
+    identity: _Identity,
+    planner: Planner,
+) -> RunStarted:
+    from importlib import metadata
+
+    settings = config.to_record()
+    settings["resumed"] = identity.resumed
+    return RunStarted(
+        run_id=identity.run_id,
+        target=base_url,
+        model=model,
+        api=config.api,
+        limits=limits,
+        tenants=tuple(t.to_record() for t in tenants),
+        seed=identity.seed,
+        canary_key_id=planner.minter.key_id,
+        settings=settings,
+        versions={"kvcanary": metadata.version("kvcanary"), "httpx": httpx.__version__},
+        t_wall=datetime.now(UTC).timestamp(),
+    )
+
+
+@contextlib.contextmanager
+def _interrupts(runner: Runner, display: ProgressDisplay) -> Iterator[None]:
+    """First Ctrl-C: stop sending, let requests in flight finish. Second: cancel them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread; the caller handles cancellation
+        return
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        if not runner.stopping:
+            display.note(
+                "interrupted: no new requests; finishing those in flight "
+                "(Ctrl-C again to cancel them)"
+            )
+            runner.stop()
+        else:
+            display.note("cancelling requests in flight")
+            runner.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    loop.add_signal_handler(signal.SIGTERM, runner.stop)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
+@contextlib.asynccontextmanager
+async def _soak_tasks(
+    config: RunConfig, out_dir: Path, journal: JournalWriter, display: ProgressDisplay
+) -> AsyncIterator[None]:
+    """For soaks: re-render the report every `report_every`, rotate every `rotate_every`."""
+    if config.command != "soak":
+        yield
+        return
+
+    async def report() -> None:
+        from reports.render import render_run
+
+        result = await asyncio.to_thread(
+            render_run, out_dir, keep_raw_evidence=config.keep_raw_evidence
+        )
+        display.note(
+            f"report updated ({display.status_line()}): verdict so far {result.verdict}, "
+            f"{out_dir / 'report.html'}"
+        )
+
+    async def rotate() -> None:
+        display.note(f"journal segment closed: {journal.rotate()}")
+
+    tasks = [
+        asyncio.create_task(_every(config.report_every, report, display)),
+        asyncio.create_task(_every(config.rotate_every, rotate, display)),
+    ]
+    display.note(
+        f"soak: report every {format_duration(config.report_every)}, new journal segment "
+        f"every {format_duration(config.rotate_every)}"
+    )
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _every(
+    period_s: float, action: Callable[[], Awaitable[None]], display: ProgressDisplay
+) -> None:
+    while True:
+        await asyncio.sleep(period_s)
+        try:
+            await action()
+        except Exception as exc:  # a failed periodic report must not end an 8-hour soak
+            display.note(f"periodic task failed: {type(exc).__name__}: {exc}")

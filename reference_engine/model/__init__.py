@@ -1,0 +1,16 @@
+"""The reference engine's model: a small transformer whose answer is a function of its KV pages.
+
+Modules, one concept each:
+
+    rotary           rotary positions, applied when K is read (K is stored un-rotated)
+    attention        paged attention, the seam a CUDA kernel would replace
+    naive_attention  the contiguous-cache oracle the paged path is tested against
+    cache            the views the model writes K/V through: paged pool or contiguous buffers
+    layers           RMSNorm, the SwiGLU MLP, an ordinary attention block
+    recall           token codes, the embedding and the recall layer (constructed weights)
+    transformer      the whole model and its ForwardBatch
+
+What the model deliberately is not: a language model. Its ordinary layers have small random
+weights and exist so that prefill cost and KV memory are real; its last layer is a recall head
+with constructed weights that quotes the tokens whose KV sits at scheduled positions.
+"""

@@ -1,0 +1,188 @@
+"""`kvcanary serve`: run the bundled reference engine until interrupted.
+
+The help text is generated from `reference_engine.config.PRESETS` and `FIXES`, so every
+preset and fix switch is explained with the upstream SGLang change it models. Only
+`reference_engine.config` (no torch) is imported at registration; fastapi, uvicorn and the
+engine load inside the handler. The engine listens on loopback unless `--allow-remote` is
+given: it is a deliberately vulnerable server that returns other requests' data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import textwrap
+import time
+from typing import Any
+
+from harness.errors import ConfigError, RunIncomplete
+
+_DEFAULT_PORT = 30000  # SGLang's default
+
+
+_ENDPOINTS = (
+    "endpoints: /v1/completions, /v1/chat/completions, /v1/models, /v1/tokenize, "
+    "/v1/detokenize, /get_server_info, /server_info, /metrics, /health, and the debug "
+    "endpoint /kvcanary/state (allocated pages per side)"
+)
+_DESCRIPTION = (
+    "Run the bundled miniature SGLang-style prefill/decode engine behind an OpenAI-compatible "
+    "API: a mini_lb router, a prefill server and a decode server, each with its own KV pool. "
+    "The vulnerable preset answers prompts longer than the prefill pool with HTTP 200 and "
+    "text read from other requests' stale KV pages; each fix switch models the upstream "
+    "change that closes one path. Ctrl-C stops it."
+)
+
+
+def _help_epilog() -> str:
+    from reference_engine.config import FIXES, PRESETS
+
+    def block(title: str, entries: dict[str, str]) -> str:
+        lines = [title]
+        for name, text in entries.items():
+            lines.append(
+                textwrap.fill(text, 88, initial_indent=f"  {name:<20}", subsequent_indent=" " * 22)
+            )
+        return "\n".join(lines)
+
+    return "\n\n".join(
+        [
+            block("presets:", PRESETS),
+            block("fix switches (--fix NAME, repeatable; added to the preset's):", FIXES),
+            textwrap.fill(_ENDPOINTS, 88),
+        ]
+    )
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the bundled reference engine (vulnerable or hardened)",
+        description=textwrap.fill(_DESCRIPTION, 88),
+        epilog=_help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    from reference_engine.config import PRESETS
+
+    add(
+        "--preset",
+        default="vulnerable",
+        metavar="{" + ",".join(PRESETS) + "}",
+        help="engine preset (default vulnerable; see below)",
+    )
+    add(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="turn on a fix switch (see below); repeatable",
+    )
+    add(
+        "--prefill-pool-tokens",
+        type=int,
+        metavar="N",
+        help="prefill KV pool size in tokens (default: from the preset)",
+    )
+    add(
+        "--decode-pool-tokens",
+        type=int,
+        metavar="N",
+        help="decode KV pool size in tokens (default: from the preset)",
+    )
+    add(
+        "--context-length",
+        type=int,
+        metavar="N",
+        help="advertised context length, /v1/models max_model_len (default 4096; the "
+        "preset's pools scale with it)",
+    )
+    add("--page-size", type=int, metavar="N", help="tokens per KV page (default 16)")
+    add("--device", help="cpu (default) or cuda[:N]")
+    add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    add(
+        "--port",
+        type=int,
+        default=_DEFAULT_PORT,
+        help=f"router port (default {_DEFAULT_PORT}; 0 picks a free one)",
+    )
+    add(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host (the engine leaks data by design)",
+    )
+    add(
+        "--processes",
+        action="store_true",
+        help="run prefill, decode and router as separate processes; KV pages cross a TCP socket",
+    )
+    parser.set_defaults(handler=_serve)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    names = ("prefill_pool_tokens", "decode_pool_tokens", "context_length", "page_size", "device")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if not is_loopback(args.host) and not args.allow_remote:
+        raise ConfigError(
+            f"refusing to listen on non-loopback host {args.host!r}: the reference engine "
+            "leaks other requests' data by design; pass --allow-remote to do it anyway"
+        )
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    from reference_engine.server.launch import make_config
+
+    config = make_config(args.preset, args.fix, **_overrides(args))
+    fixes = ",".join(sorted(config.fixes)) or "none"
+    summary = f"preset {config.preset}, fixes {fixes}"
+    if args.processes:
+        return _serve_processes(args, config, summary)
+    return _serve_in_process(args, config, summary)
+
+
+def _serve_in_process(args: argparse.Namespace, config: Any, summary: str) -> int:
+    import uvicorn
+
+    from reference_engine.server.app import build_app
+    from reference_engine.server.launch import bind_socket, url_of
+
+    sock = bind_socket(args.host, args.port)
+    app = build_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    )
+    print(f"kvcanary serve: listening on {url_of(sock)} ({summary}; one process)", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
+        server.run(sockets=[sock])
+    return 0
+
+
+def _serve_processes(args: argparse.Namespace, config: Any, summary: str) -> int:
+    from reference_engine.server.launch import ProcessCluster
+
+    cluster = ProcessCluster(config, host=args.host, port=args.port, inherit_output=True)
+    try:
+        cluster.start()
+        sides = ", ".join(f"{c.role} {c.url}" for c in cluster.children if c.role != "router")
+        print(f"kvcanary serve: listening on {cluster.url} ({summary}; {sides})", flush=True)
+        while True:
+            cluster.check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    except RuntimeError as exc:
+        raise RunIncomplete(str(exc).splitlines()[0]) from None
+    finally:
+        cluster.stop()

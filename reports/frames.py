@@ -1,0 +1,329 @@
+"""A run's journal as pandas tables: requests, findings, and aggregates per tenant and size.
+
+`load_frames` is a pure function of the journal. It streams events once and builds columns
+incrementally in Arrow record batches, so a journal of millions of observations never holds
+more event objects than there are requests in flight (a plan waits in `pending` only until
+its observation arrives). Response text is deliberately left out: it may be another
+customer's data, and nothing in a report needs it (evidence re-reads it only on request).
+
+It does not judge anything: verdicts live in `reports.summary`, detection in the harness.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from harness.events import (
+    Event,
+    FindingRecorded,
+    ObservationRecorded,
+    PhaseStarted,
+    PlanRecorded,
+    RunFinished,
+    RunStarted,
+)
+from harness.journal import read_journal
+from harness.observation import Observation
+from tenants.plan import RequestPlan
+
+CHUNK_ROWS = 16_384
+MAX_ERROR_CHARS = 200
+OUTCOMES = ("accepted", "rejected", "errored", "unanswered")
+
+_STR = pa.string()
+_CAT = pa.dictionary(pa.int32(), pa.string())
+_INT = pa.int64()
+_FLOAT = pa.float64()
+_BOOL = pa.bool_()
+
+_PLAN_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("request_id", _STR),
+    ("tenant", _CAT),
+    ("phase", _CAT),
+    ("intent", _CAT),
+    ("size_label", _CAT),
+    ("expected", _CAT),
+    ("api", _CAT),
+    ("num_prompt_tokens", _INT),
+    ("max_tokens", _INT),
+    ("num_canaries", _INT),
+)
+_OBSERVATION_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("answered", _BOOL),
+    ("status", _INT),
+    ("ok", _BOOL),
+    ("outcome", _CAT),
+    ("error_kind", _CAT),
+    ("error", _CAT),
+    ("finish_reason", _CAT),
+    ("ttft_ms", _FLOAT),
+    ("queue_ms", _FLOAT),
+    ("total_ms", _FLOAT),
+    ("prompt_tokens", _INT),
+    ("completion_tokens", _INT),
+    ("cached_tokens", _INT),
+    ("num_text_chars", _INT),
+    ("num_chunks", _INT),
+    ("text_redacted", _BOOL),
+    ("t_wall", _FLOAT),
+)
+REQUEST_SCHEMA = pa.schema(_PLAN_FIELDS + _OBSERVATION_FIELDS)
+"""One row per planned request, joined with its observation (nulls where none arrived)."""
+
+FINDING_SCHEMA = pa.schema(
+    [
+        ("kind", _CAT),
+        ("severity", _CAT),
+        ("detector", _CAT),
+        ("request_id", _STR),
+        ("tenant", _CAT),
+        ("victim_tenant", _CAT),
+        ("victim_request_id", _STR),
+        ("marker", _STR),
+        ("offset_start", _INT),
+        ("offset_end", _INT),
+        ("excerpt", _STR),
+        ("summary", _STR),
+        ("details_json", _STR),
+        ("t_wall", _FLOAT),
+    ]
+)
+"""One row per finding; `details` travels as JSON text (it is free-form per detector)."""
+
+_NO_PLAN: tuple[Any, ...] = (None,) * (len(_PLAN_FIELDS) - 1)
+_NO_OBSERVATION: tuple[Any, ...] = (False, None, False, "unanswered") + (None,) * (
+    len(_OBSERVATION_FIELDS) - 4
+)
+
+
+@dataclass(frozen=True)
+class RunFrames:
+    """Everything a report shows, as tables plus the run's start and end records."""
+
+    run: RunStarted | None
+    """None only for a journal whose first record was lost."""
+    finished: RunFinished | None
+    """None when the run never wrote its end (crash, kill -9)."""
+    phases: tuple[PhaseStarted, ...]
+    requests: pd.DataFrame
+    findings: pd.DataFrame
+
+
+class _Columns:
+    """Rows appended one at a time, kept as Arrow record batches of `CHUNK_ROWS` rows."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows: list[tuple[Any, ...]] = []
+        self.batches: list[pa.RecordBatch] = []
+
+    def append(self, row: tuple[Any, ...]) -> None:
+        assert len(row) == len(self.schema), "row does not match the frame's schema"
+        self.rows.append(row)
+        if len(self.rows) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        arrays = []
+        for column, field in zip(zip(*self.rows, strict=True), self.schema, strict=True):
+            if pa.types.is_dictionary(field.type):
+                arrays.append(pa.array(column, _STR).dictionary_encode())
+            else:
+                arrays.append(pa.array(column, field.type))
+        self.batches.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self.rows = []
+
+    def to_pandas(self) -> pd.DataFrame:
+        self._flush()
+        table = pa.Table.from_batches(self.batches, schema=self.schema)
+        self.batches = []
+        # Arrow buffers are released column by column as pandas takes them over, so the
+        # conversion never holds two full copies of a large run's tables.
+        frame: pd.DataFrame = table.to_pandas(
+            types_mapper={_INT: pd.Int64Dtype()}.get, self_destruct=True, split_blocks=True
+        )
+        return frame
+
+
+def _plan_row(plan: RequestPlan) -> tuple[Any, ...]:
+    return (
+        plan.tenant,
+        plan.phase,
+        plan.intent,
+        plan.size_label,
+        plan.expected,
+        plan.api,
+        plan.num_prompt_tokens,
+        plan.max_tokens,
+        len(plan.canaries),
+    )
+
+
+def _ms(ns: int | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
+def outcome_of(observation: Observation) -> str:
+    """`accepted` (a success), `rejected` (an HTTP error status) or `errored` (anything else)."""
+    if observation.ok:
+        return "accepted"
+    if observation.error_kind == "http_status" or (
+        observation.status is not None and not 200 <= observation.status < 300
+    ):
+        return "rejected"
+    return "errored"
+
+
+def _observation_row(observation: Observation) -> tuple[Any, ...]:
+    usage = observation.usage
+    total_ns = (
+        None if observation.t_done_ns is None else observation.t_done_ns - observation.t_sent_ns
+    )
+    error = observation.error[:MAX_ERROR_CHARS] if observation.error is not None else None
+    return (
+        True,
+        observation.status,
+        observation.ok,
+        outcome_of(observation),
+        observation.error_kind,
+        error,
+        observation.finish_reason,
+        _ms(observation.ttft_ns),
+        _ms(observation.queue_ns),
+        _ms(total_ns),
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+        observation.num_text_chars,
+        observation.num_chunks,
+        observation.text_redacted,
+        observation.t_wall,
+    )
+
+
+def _finding_row(event: FindingRecorded) -> tuple[Any, ...]:
+    finding = event.finding
+    start, end = finding.offsets if finding.offsets is not None else (None, None)
+    return (
+        str(finding.kind),
+        str(finding.severity),
+        finding.detector,
+        finding.request_id,
+        finding.tenant,
+        finding.victim_tenant,
+        finding.victim_request_id,
+        finding.marker,
+        start,
+        end,
+        finding.excerpt,
+        finding.summary,
+        json.dumps(finding.details, sort_keys=True, default=str),
+        event.t_wall,
+    )
+
+
+def frames_from_events(events: Iterable[Event]) -> RunFrames:
+    """Build the run's tables from its events, in one streaming pass."""
+    run: RunStarted | None = None
+    finished: RunFinished | None = None
+    phases: list[PhaseStarted] = []
+    pending: dict[str, tuple[Any, ...]] = {}
+    requests = _Columns(REQUEST_SCHEMA)
+    findings = _Columns(FINDING_SCHEMA)
+    for event in events:
+        if isinstance(event, ObservationRecorded):
+            observation = event.observation
+            plan_row = pending.pop(observation.request_id, None)
+            if plan_row is None:  # an observation whose plan was lost keeps its tenant
+                plan_row = (observation.tenant, *_NO_PLAN[1:])
+            requests.append((observation.request_id, *plan_row, *_observation_row(observation)))
+        elif isinstance(event, PlanRecorded):
+            pending[event.plan.request_id] = _plan_row(event.plan)
+        elif isinstance(event, FindingRecorded):
+            findings.append(_finding_row(event))
+        elif isinstance(event, PhaseStarted):
+            phases.append(event)
+        elif isinstance(event, RunStarted):
+            run = event
+        elif isinstance(event, RunFinished):
+            finished = event
+    for request_id, plan_row in pending.items():
+        requests.append((request_id, *plan_row, *_NO_OBSERVATION))
+    table = requests.to_pandas()
+    _add_limit_ratios(table, run)
+    return RunFrames(run, finished, tuple(phases), table, findings.to_pandas())
+
+
+def load_frames(run_dir: Path) -> RunFrames:
+    """The tables of the run recorded in `run_dir`."""
+    return frames_from_events(read_journal(run_dir))
+
+
+def _add_limit_ratios(requests: pd.DataFrame, run: RunStarted | None) -> None:
+    """Prompt size as a fraction of the pool and of the context limit (NaN when unknown)."""
+    tokens = requests["num_prompt_tokens"].astype("float64")
+    pool = run.limits.pool_tokens if run is not None and run.limits.pool_tokens > 0 else None
+    context = (
+        run.limits.context_tokens if run is not None and run.limits.context_tokens > 0 else None
+    )
+    requests["pool_ratio"] = tokens / pool if pool else float("nan")
+    requests["context_ratio"] = tokens / context if context else float("nan")
+
+
+def tenant_table(frames: RunFrames) -> pd.DataFrame:
+    """Per tenant: requests by outcome, TTFT, and findings as the responder and as the victim."""
+    requests = frames.requests
+    table = _outcome_counts(requests, "tenant")
+    table["ttft_ms_median"] = requests.groupby("tenant", observed=True)["ttft_ms"].median()
+    findings = frames.findings
+    table["num_findings"] = findings.groupby("tenant", observed=True).size()
+    table["num_findings_as_victim"] = findings.groupby("victim_tenant", observed=True).size()
+    return _fill_counts(table)
+
+
+def size_table(frames: RunFrames) -> pd.DataFrame:
+    """Per size label, smallest first: prompt size against the limits, outcomes, TTFT, findings."""
+    requests = frames.requests
+    grouped = requests.groupby("size_label", observed=True)
+    table = _outcome_counts(requests, "size_label")
+    table["num_prompt_tokens_min"] = grouped["num_prompt_tokens"].min()
+    table["num_prompt_tokens_max"] = grouped["num_prompt_tokens"].max()
+    table["pool_ratio_max"] = grouped["pool_ratio"].max()
+    table["context_ratio_max"] = grouped["context_ratio"].max()
+    table["expected"] = grouped["expected"].agg(_expected_label)
+    table["ttft_ms_median"] = grouped["ttft_ms"].median()
+    named = requests.loc[requests["request_id"].isin(frames.findings["request_id"].dropna())]
+    request_size = dict(zip(named["request_id"], named["size_label"], strict=True))
+    finding_size = frames.findings["request_id"].map(request_size)
+    table["num_findings"] = frames.findings.groupby(finding_size, observed=True).size()
+    table = _fill_counts(table)
+    return table.sort_values(["num_prompt_tokens_max", "num_prompt_tokens_min"], kind="stable")
+
+
+def _expected_label(values: pd.Series[Any]) -> str:
+    distinct = sorted({str(v) for v in values.dropna().unique()})
+    return "/".join(distinct) if distinct else "?"
+
+
+def _outcome_counts(requests: pd.DataFrame, by: str) -> pd.DataFrame:
+    counts = pd.crosstab(requests[by], requests["outcome"]).reindex(columns=OUTCOMES, fill_value=0)
+    counts.columns = pd.Index([f"num_{outcome}" for outcome in OUTCOMES])
+    counts.insert(0, "num_requests", counts.sum(axis=1))
+    counts.index.name = by
+    return counts
+
+
+def _fill_counts(table: pd.DataFrame) -> pd.DataFrame:
+    for column in table.columns:
+        if column.startswith("num_") and not column.startswith("num_prompt_tokens"):
+            table[column] = table[column].fillna(0).astype("int64")
+    return table

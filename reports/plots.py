@@ -1,0 +1,239 @@
+"""The report's plots, as self-contained PNG data URIs: TTFT, outcome by size, findings in time.
+
+Plots are drawn with matplotlib's object API on Agg canvases (no pyplot state, no display),
+and embedded as base64 so `report.html` needs no network and no neighbouring files. Large
+runs are down-sampled for drawing (never for fitting beyond the fit's own sample), and the
+figure says so. This module draws; it does not decide what is a finding.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from harness.detectors.timing import TtftModel
+from harness.finding import FindingKind
+from reports.frames import RunFrames, size_table
+
+MAX_PLOTTED_POINTS = 20_000
+
+_OUTCOME_COLOURS = {
+    "accepted": "#3a8f5c",
+    "accepted above limit": "#c0392b",
+    "rejected": "#7f8c9d",
+    "errored": "#e08e0b",
+    "unanswered": "#d5d8dc",
+}
+_TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
+_SEVERITY_COLOURS = {
+    "critical": "#c0392b",
+    "high": "#e67e22",
+    "medium": "#d4ac0d",
+    "low": "#7f8c8d",
+}
+
+
+def _png(figure: Figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _figure(width: float = 9.0, height: float = 4.6) -> tuple[Figure, Axes]:
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    return figure, figure.add_subplot()
+
+
+def _limit_line(axes: Axes, x: float, label: str, style: str) -> None:
+    """A vertical limit line, labelled along its left side inside the axes."""
+    axes.axvline(x, color="#555", linestyle=style, linewidth=1.2)
+    axes.text(
+        x,
+        0.98,
+        f"{label} ",
+        transform=axes.get_xaxis_transform(),
+        rotation=90,
+        ha="right",
+        va="top",
+        fontsize=8,
+        color="#333",
+    )
+
+
+def _limit_lines(axes: Axes, frames: RunFrames) -> None:
+    if frames.run is None:
+        return
+    limits = frames.run.limits
+    for tokens, label, style in (
+        (limits.pool_tokens, "KV pool", "--"),
+        (limits.context_tokens, "context", ":"),
+    ):
+        if tokens > 0:
+            _limit_line(axes, tokens, f"{label} {tokens:,}", style)
+
+
+def _legend(figure: Figure, axes: Axes) -> None:
+    """Below the plot, where it never hides points."""
+    handles, labels = axes.get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
+
+
+def ttft_plot(frames: RunFrames, model: TtftModel | None) -> str:
+    """TTFT against prompt tokens, the timing model's line and threshold, findings marked."""
+    requests = frames.requests
+    answered = requests.loc[
+        requests["ttft_ms"].notna(), ["request_id", "num_prompt_tokens", "ttft_ms", "expected"]
+    ]
+    flagged_ids = set(frames.findings["request_id"].dropna())
+    fast_ids = set(
+        frames.findings.loc[
+            frames.findings["kind"] == str(FindingKind.FAST_PREFILL), "request_id"
+        ].dropna()
+    )
+    figure, axes = _figure()
+    title = "Time to first token against prompt length"
+    plotted = answered
+    if len(plotted) > MAX_PLOTTED_POINTS:
+        plotted = plotted.sample(MAX_PLOTTED_POINTS, random_state=0)
+        title += f" ({MAX_PLOTTED_POINTS:,} of {len(answered):,} requests drawn)"
+    for expected, colour, label in (
+        ("accept", "#2e6da4", "expected accept"),
+        ("reject", "#e67e22", "above a limit (expected reject)"),
+    ):
+        rows = plotted[plotted["expected"] == expected]
+        if rows.empty:
+            continue
+        axes.scatter(
+            rows["num_prompt_tokens"].astype("float64"),
+            rows["ttft_ms"],
+            s=18,
+            alpha=0.6,
+            color=colour,
+            label=f"{label} ({len(rows):,})",
+        )
+    fast = answered[answered["request_id"].isin(fast_ids)]
+    other = answered[answered["request_id"].isin(flagged_ids - fast_ids)]
+    if len(fast):
+        axes.scatter(
+            fast["num_prompt_tokens"].astype("float64"),
+            fast["ttft_ms"],
+            marker="X",
+            s=90,
+            color="#c0392b",
+            label=f"fast_prefill finding ({len(fast):,})",
+            zorder=3,
+        )
+    if len(other):
+        axes.scatter(
+            other["num_prompt_tokens"].astype("float64"),
+            other["ttft_ms"],
+            s=70,
+            facecolors="none",
+            edgecolors="#c0392b",
+            label=f"other finding ({len(other):,})",
+            zorder=3,
+        )
+    if model is not None and len(answered):
+        x_max = float(answered["num_prompt_tokens"].max()) * 1.05
+        xs = np.linspace(0.0, x_max, 100)
+        axes.plot(
+            xs,
+            [model.predict(x) for x in xs],
+            color="#222",
+            linewidth=1.5,
+            label=f"timing fit: {model.intercept_ms:.1f} ms + "
+            f"{model.ms_per_token * 1000:.2f} ms per 1k tokens",
+        )
+        eligible = xs[xs >= model.min_eligible_tokens]
+        if len(eligible):
+            axes.plot(
+                eligible,
+                [model.threshold(x) for x in eligible],
+                color="#c0392b",
+                linestyle="--",
+                linewidth=1,
+                label="fast_prefill threshold (flag below)",
+            )
+    _limit_lines(axes, frames)
+    axes.set_xlabel("prompt tokens (planned)")
+    axes.set_ylabel("TTFT (ms)")
+    axes.set_title(title, fontsize=11)
+    axes.set_ylim(bottom=0)
+    axes.set_xlim(left=0)
+    _legend(figure, axes)
+    axes.grid(alpha=0.3)
+    return _png(figure)
+
+
+def outcome_plot(frames: RunFrames) -> str:
+    """Requests per size label, smallest first, by outcome; the pool and context limits marked."""
+    requests = frames.requests
+    sizes = size_table(frames)
+    labels_in_order = [str(label) for label in sizes.index]
+    counts = pd.crosstab(requests["size_label"], requests["outcome"])
+    counts = counts.set_axis(counts.index.astype(str)).set_axis(counts.columns.astype(str), axis=1)
+    counts = counts.reindex(index=labels_in_order, columns=list(_OUTCOME_COLOURS), fill_value=0)
+    above = requests["outcome"].eq("accepted") & requests["expected"].eq("reject")
+    unsafe = requests.loc[above, "size_label"].astype(str).value_counts()
+    counts["accepted above limit"] = unsafe.reindex(labels_in_order, fill_value=0)
+    counts["accepted"] -= counts["accepted above limit"]
+    figure, axes = _figure()
+    positions = np.arange(len(counts))
+    bottom = np.zeros(len(counts))
+    for name, colour in _OUTCOME_COLOURS.items():
+        values = counts[name].to_numpy(dtype="float64")
+        if values.any():
+            axes.bar(positions, values, bottom=bottom, color=colour, label=name, width=0.7)
+        bottom += values
+    labels = []
+    for label, row in sizes.iterrows():
+        ratio = row["pool_ratio_max"]
+        ratio_text = f"\n{ratio:.2f}× pool" if pd.notna(ratio) else ""
+        labels.append(f"{label}\n{int(row['num_prompt_tokens_max']):,} tok{ratio_text}")
+    axes.set_xticks(positions, labels, fontsize=8)
+    axes.set_xlim(-0.6, max(len(counts), 4) - 0.4)  # a few bars stay bar-shaped
+    for column, name, style in (
+        ("pool_ratio_max", "KV pool limit", "--"),
+        ("context_ratio_max", "context limit", ":"),
+    ):
+        below = int((sizes[column] <= 1.0).sum())
+        if 0 < below < len(sizes):  # a boundary between two bars
+            _limit_line(axes, below - 0.5, name, style)
+    axes.set_ylabel("requests")
+    axes.set_title("Outcome by prompt size (relative to the KV pool)", fontsize=11)
+    _legend(figure, axes)
+    axes.grid(axis="y", alpha=0.3)
+    return _png(figure)
+
+
+def findings_plot(frames: RunFrames) -> str | None:
+    """When each finding was reported, by kind, coloured by severity; None without findings."""
+    findings = frames.findings
+    if findings.empty:
+        return None
+    start = frames.run.t_wall if frames.run is not None else float(findings["t_wall"].min())
+    end = frames.finished.t_wall if frames.finished is not None else float(findings["t_wall"].max())
+    span_s = max(end - start, float(findings["t_wall"].max()) - start, 1e-3)
+    unit, seconds = next((u, s) for u, s in _TIME_UNITS if span_s >= 3 * s or s == 1.0)
+    elapsed = (findings["t_wall"] - start) / seconds
+    kinds = [str(kind) for kind in FindingKind]
+    rows = findings["kind"].astype(str).map({kind: i for i, kind in enumerate(kinds)})
+    figure, axes = _figure(height=3.8)
+    for severity, colour in _SEVERITY_COLOURS.items():
+        chosen = findings["severity"] == severity
+        if chosen.any():
+            axes.scatter(elapsed[chosen], rows[chosen], color=colour, s=30, label=severity)
+    axes.set_xlim(0, span_s / seconds * 1.02)
+    axes.set_yticks(range(len(kinds)), kinds, fontsize=8)
+    axes.set_ylim(-0.5, len(kinds) - 0.5)
+    axes.set_xlabel(f"{unit} since the run started")
+    axes.set_title("Findings over time", fontsize=11)
+    _legend(figure, axes)
+    axes.grid(alpha=0.3)
+    return _png(figure)

@@ -1,0 +1,202 @@
+"""`render_run`: every report of a run, re-rendered from its journal.
+
+Order and isolation: the journal is read once into frames and the summary is computed; then
+each output is written on its own (`summary.json` and `evidence/` first, HTML last, since
+plots are the most fragile), each to a temporary file renamed into place. One output
+failing is recorded in `RenderResult.errors` and never costs the others: a plot that cannot
+be drawn still leaves `summary.json`, `report.md`, `junit.xml`, and an HTML page that says
+which plot is missing.
+
+It knows the output file names of the run output contract (DESIGN.md); it does not know
+how runs are made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+from harness.journal import journal_segments, read_journal
+from reports import plots
+from reports.evidence import EVIDENCE_DIR, named_request_ids, request_records, write_evidence
+from reports.findings import FindingView, listed_findings
+from reports.frames import RunFrames, load_frames
+from reports.html import render_html
+from reports.junit import render_junit
+from reports.markdown import render_markdown
+from reports.summary import Verdict, compute_summary
+from reports.ttft import METHOD, refit_ttft
+
+FORMATS = ("html", "md", "junit", "json")
+OUTPUT_NAMES = {
+    "json": "summary.json",
+    "md": "report.md",
+    "junit": "junit.xml",
+    "html": "report.html",
+}
+_RENDER_ORDER = ("json", "md", "junit", "html")
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    """What `render_run` wrote, the run's summary and verdict, and what failed."""
+
+    verdict: Verdict
+    summary: dict[str, Any]
+    paths: dict[str, Path] = field(default_factory=dict)
+    """Format (`json`, `md`, `junit`, `html`, `evidence`) -> the file or directory written."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Output or plot that failed -> a one-line reason."""
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """`html,md` -> ("html", "md"); an unknown name is a `ConfigError`."""
+    formats = tuple(name.strip() for name in text.split(",") if name.strip())
+    _check_formats(formats)
+    return formats
+
+
+def _check_formats(formats: Collection[str]) -> None:
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown or not formats:
+        raise ConfigError(
+            f"unknown report format {', '.join(unknown) or '(none given)'}; "
+            f"choose from {','.join(FORMATS)}"
+        )
+
+
+def render_run(
+    run_dir: Path,
+    *,
+    formats: Collection[str] = FORMATS,
+    keep_raw_evidence: bool = False,
+    out_dir: Path | None = None,
+) -> RenderResult:
+    """Render the reports of the run in `run_dir` (into `out_dir`, default `run_dir`).
+
+    `json` writes `summary.json` and `evidence/`. `keep_raw_evidence` puts full response
+    text into evidence files (mode 0600) where the journal has it, and says so on stderr.
+    """
+    run_dir = Path(run_dir)
+    _check_formats(formats)
+    if keep_raw_evidence and "json" not in formats:
+        raise ConfigError("--keep-raw-evidence writes evidence/, which needs the json format")
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir} is not a directory (expected a kvcanary run directory)")
+    if not journal_segments(run_dir):
+        raise ConfigError(f"no journal in {run_dir} (expected journal.jsonl)")
+    frames = load_frames(run_dir)
+    summary = compute_summary(frames)
+    out = Path(out_dir) if out_dir is not None else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    result = RenderResult(Verdict(summary["verdict"]), summary)
+    listed, num_not_listed = listed_findings(frames.findings)
+    writers: dict[str, Callable[[], bytes]] = {
+        "json": lambda: (json.dumps(summary, indent=2) + "\n").encode(),
+        "md": lambda: render_markdown(summary, listed, num_not_listed).encode(),
+        "junit": lambda: render_junit(summary, listed, num_not_listed),
+        "html": lambda: _html(frames, summary, listed, num_not_listed, result.errors),
+    }
+    for name in _RENDER_ORDER:
+        if name not in formats:
+            continue
+        path = out / OUTPUT_NAMES[name]
+        try:
+            _write_atomic(path, writers[name]())
+            result.paths[name] = path
+        except Exception as exc:  # one broken output must not cost the others
+            result.errors[name] = _reason(exc)
+        if name == "json":
+            _render_evidence(run_dir, out, frames, keep_raw_evidence, result)
+    return result
+
+
+def _render_evidence(
+    run_dir: Path, out: Path, frames: RunFrames, keep_raw: bool, result: RenderResult
+) -> None:
+    try:
+        records = {}
+        if not frames.findings.empty:  # a second pass, for the few requests findings name
+            records = request_records(read_journal(run_dir), named_request_ids(frames))
+        written = write_evidence(frames, out, records, keep_raw=keep_raw)
+    except Exception as exc:
+        result.errors["evidence"] = _reason(exc)
+        return
+    result.paths["evidence"] = out / EVIDENCE_DIR
+    if written.num_raw_kept:
+        print(
+            f"kvcanary: warning: {written.num_raw_kept} evidence file(s) in "
+            f"{out / EVIDENCE_DIR} hold raw response text, which may be another customer's "
+            "data; they are readable by you only (0600). Handle them as such.",
+            file=sys.stderr,
+        )
+    if keep_raw and written.num_raw_unavailable:
+        print(
+            f"kvcanary: warning: raw text unavailable for {written.num_raw_unavailable} "
+            "finding(s): the journal holds only redacted text (or no observation) for them.",
+            file=sys.stderr,
+        )
+
+
+def _html(
+    frames: RunFrames,
+    summary: dict[str, Any],
+    listed: list[FindingView],
+    num_not_listed: int,
+    errors: dict[str, str],
+) -> bytes:
+    plots, notes = _draw_plots(frames, errors)
+    return render_html(frames, summary, listed, num_not_listed, plots, notes).encode()
+
+
+def _draw_plots(
+    frames: RunFrames, errors: dict[str, str]
+) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Each plot on its own: a failure becomes a note on the page and an entry in `errors`."""
+    drawn: dict[str, str | None] = {}
+    notes: dict[str, str] = {}
+
+    def ttft() -> str:
+        model = refit_ttft(frames.requests)
+        notes["ttft_method"] = METHOD if model is not None else "too few accepted requests to fit"
+        return plots.ttft_plot(frames, model)
+
+    steps: dict[str, Callable[[], str | None]] = {
+        "ttft": ttft,
+        "outcome": lambda: plots.outcome_plot(frames),
+        "findings": lambda: plots.findings_plot(frames),
+    }
+    for name, draw in steps.items():
+        try:
+            drawn[name] = draw()
+        except Exception as exc:
+            drawn[name] = None
+            notes[name] = f"this plot could not be drawn: {_reason(exc)}"
+            errors[f"html:{name} plot"] = _reason(exc)
+    return drawn, notes
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `path` via a temporary file in the same directory, so it is never half-written.
+
+    The file keeps the temporary file's mode, 0600, like the journal it was made from.
+    """
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

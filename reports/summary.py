@@ -1,0 +1,186 @@
+"""`summary.json`: the run's verdict, counts and metadata, computed from its frames.
+
+Verdict rules (the one place they live; README "Reports" repeats them):
+
+- `leak`: the journal holds at least one finding, of any kind.
+- `clean`: no finding, and enough evidence that the dangerous path was exercised: at least
+  one above-limit request (a plan with `expected = reject`) was answered by the target with
+  any HTTP status, at least one victim request was accepted, and the run did not end with
+  an error. A run interrupted (or killed) after that point is still clean: what it saw
+  counts.
+- `inconclusive`: everything else: the run was interrupted before the probe phase, the
+  target became unreachable, every request errored, no victim got through.
+
+Metadata is copied from the journal's run start through allow-lists (tenant names and the
+*names* of their key variables, settings whose names do not look secret, the target URL
+without user-info or query): the journal holds no credential, and this module makes sure a
+report cannot grow one. It never reads the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from importlib import metadata
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from harness.finding import FindingKind
+from reports.frames import OUTCOMES, RunFrames
+
+SUMMARY_SCHEMA = 1
+_SECRET_NAME = re.compile(r"key|token|secret|passw|auth|cookie|credential|header", re.IGNORECASE)
+
+
+class Verdict(StrEnum):
+    """What a run says about its target."""
+
+    LEAK = "leak"
+    CLEAN = "clean"
+    INCONCLUSIVE = "inconclusive"
+
+
+def compute_summary(frames: RunFrames) -> dict[str, Any]:
+    """The `summary.json` document for a run (JSON-ready; keys are stable)."""
+    requests, findings = frames.requests, frames.findings
+    run, finished = frames.run, frames.finished
+    evidence = _evidence(frames)
+    verdict, reasons = _verdict(frames, evidence)
+    by_kind = findings["kind"].value_counts()
+    outcome_counts = requests["outcome"].value_counts()
+    started = run.t_wall if run is not None else None
+    ended = finished.t_wall if finished is not None else _last_time(frames)
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "run_id": run.run_id if run is not None else None,
+        "verdict": str(verdict),
+        "verdict_reasons": reasons,
+        "target": safe_target(run.target) if run is not None else None,
+        "model": run.model if run is not None else None,
+        "api": run.api if run is not None else None,
+        "limits": dataclasses.asdict(run.limits) if run is not None else None,
+        "seed": run.seed if run is not None else None,
+        "canary_key_id": run.canary_key_id if run is not None else None,
+        "tenants": safe_tenants(run.tenants) if run is not None else [],
+        "settings": safe_settings(run.settings) if run is not None else {},
+        "versions": {
+            **(run.versions if run is not None else {}),
+            "kvcanary_report": _report_version(),
+        },
+        "times": {
+            "started": _iso(started),
+            "finished": _iso(ended),
+            "duration_s": round(ended - started, 3) if started and ended else None,
+        },
+        "finished": {
+            "reason": finished.reason if finished is not None else None,
+            "message": finished.message if finished is not None else None,
+            "num_requests_reported": finished.num_requests if finished is not None else None,
+        },
+        "phases": [phase.phase for phase in frames.phases],
+        "counts": {
+            "requests": {
+                "total": len(requests),
+                **{outcome: int(outcome_counts.get(outcome, 0)) for outcome in OUTCOMES},
+            },
+            "requests_by_intent": _value_counts(requests["intent"]),
+            "findings": {str(kind): int(by_kind.get(str(kind), 0)) for kind in FindingKind},
+            "findings_total": len(findings),
+            "findings_by_severity": _value_counts(findings["severity"]),
+        },
+        "evidence": evidence,
+    }
+
+
+def _evidence(frames: RunFrames) -> dict[str, Any]:
+    requests = frames.requests
+    above_limit = requests["expected"] == "reject"
+    return {
+        "num_above_limit_sent": int(above_limit.sum()),
+        "num_above_limit_answered": int((above_limit & requests["status"].notna()).sum()),
+        "num_victims_accepted": int(((requests["intent"] == "victim") & requests["ok"]).sum()),
+        "reached_probe_phase": bool(
+            any(phase.phase == "probe" for phase in frames.phases)
+            or (requests["intent"] == "probe").any()
+        ),
+    }
+
+
+def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list[str]]:
+    """The verdict and, for a person, why."""
+    num_findings = len(frames.findings)
+    if num_findings:
+        kinds = ", ".join(sorted(frames.findings["kind"].astype(str).unique()))
+        return Verdict.LEAK, [f"{num_findings} finding(s): {kinds}"]
+    finished = frames.finished
+    reasons = []
+    if finished is not None and finished.reason == "error":
+        reasons.append(f"the run ended with an error: {finished.message or 'no message'}")
+    if evidence["num_above_limit_answered"] == 0:
+        if not evidence["reached_probe_phase"]:
+            reasons.append("the run ended before the probe phase: no above-limit request was sent")
+        else:
+            reasons.append("no above-limit request was answered by the target")
+    if evidence["num_victims_accepted"] == 0:
+        reasons.append("no victim request was accepted, so there was nothing to leak")
+    if reasons:
+        return Verdict.INCONCLUSIVE, reasons
+    return Verdict.CLEAN, [
+        f"no finding in {len(frames.requests)} request(s); "
+        f"{evidence['num_above_limit_answered']} above-limit request(s) answered, "
+        f"{evidence['num_victims_accepted']} victim request(s) accepted"
+    ]
+
+
+def safe_target(url: str) -> str:
+    """The target URL without user-info, query or fragment (where credentials hide)."""
+    parts = urlsplit(url)
+    if not parts.netloc:
+        return url.split("?", 1)[0]
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def safe_tenants(tenants: tuple[dict[str, Any], ...]) -> list[dict[str, str | None]]:
+    """Each tenant's name and the names (never the values) of its environment variables."""
+    safe = []
+    for tenant in tenants:
+        entry: dict[str, str | None] = {"name": str(tenant.get("name"))}
+        for field, value in tenant.items():
+            if field.endswith("_env") and (value is None or isinstance(value, str)):
+                entry[field] = value
+        safe.append(entry)
+    return safe
+
+
+def safe_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings with plain values whose names do not look like they could hold a secret."""
+    return {
+        name: value
+        for name, value in settings.items()
+        if not _SECRET_NAME.search(name) and isinstance(value, bool | int | float | str | None)
+    }
+
+
+def _value_counts(column: Any) -> dict[str, int]:
+    return {str(value): int(count) for value, count in column.value_counts().items()}
+
+
+def _last_time(frames: RunFrames) -> float | None:
+    times = frames.requests["t_wall"].dropna()
+    return float(times.max()) if len(times) else None
+
+
+def _iso(t_wall: float | None) -> str | None:
+    if t_wall is None:
+        return None
+    return datetime.fromtimestamp(t_wall, UTC).isoformat(timespec="seconds")
+
+
+def _report_version() -> str:
+    try:
+        return metadata.version("kvcanary")
+    except metadata.PackageNotFoundError:
+        return "unknown"

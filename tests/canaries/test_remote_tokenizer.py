@@ -1,0 +1,113 @@
+"""RemoteTokenizer against SGLang- and vLLM-shaped servers (httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from canaries import CanaryError, RemoteTokenizer
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def fake_tokens(text: str) -> list[int]:
+    return [len(word) for word in text.split()]
+
+
+def sglang(calls: list[httpx.Request]) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if request.url.path != "/v1/tokenize":
+            return httpx.Response(404)
+        body = json.loads(request.content)
+        tokens = fake_tokens(body["prompt"])
+        return httpx.Response(
+            200, json={"tokens": tokens, "count": len(tokens), "max_model_len": 8192}
+        )
+
+    return handle
+
+
+def vllm(calls: list[httpx.Request]) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if request.url.path != "/tokenize":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        body = json.loads(request.content)
+        if "messages" in body:  # a chat template that adds 5 tokens around the message
+            tokens = [1, 2, 3, *fake_tokens(body["messages"][0]["content"]), 4, 5]
+        else:
+            tokens = fake_tokens(body["prompt"])
+        return httpx.Response(
+            200, json={"tokens": tokens, "count": len(tokens), "max_model_len": 32768}
+        )
+
+    return handle
+
+
+def remote(handler: Handler, **kwargs: object) -> RemoteTokenizer:
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return RemoteTokenizer(client, "http://target:30000/", **kwargs)  # type: ignore[arg-type]
+
+
+async def test_sglang_shape_auto_detected() -> None:
+    calls: list[httpx.Request] = []
+    tokenizer = remote(sglang(calls), headers={"Authorization": "Bearer x"})
+    assert await tokenizer.encode("one three fives") == [3, 5, 5]
+    assert await tokenizer.count("a bb") == 2
+    assert tokenizer.style == "sglang"
+    assert tokenizer.max_model_len == 8192
+    assert [c.url.path for c in calls] == ["/v1/tokenize", "/v1/tokenize"]
+    assert calls[0].headers["authorization"] == "Bearer x"
+    body = json.loads(calls[0].content)
+    assert body == {"prompt": "one three fives", "add_special_tokens": False}
+    with pytest.raises(CanaryError, match="declare the chat overhead"):
+        await tokenizer.chat_overhead("m")
+
+
+async def test_vllm_shape_auto_detected_after_404_and_chat_overhead() -> None:
+    calls: list[httpx.Request] = []
+    tokenizer = remote(vllm(calls), model="llama")
+    assert await tokenizer.count("a bb ccc") == 3
+    assert tokenizer.style == "vllm"
+    assert tokenizer.max_model_len == 32768
+    assert [c.url.path for c in calls] == ["/v1/tokenize", "/tokenize"]
+    assert json.loads(calls[1].content)["model"] == "llama"
+    assert await tokenizer.count("x") == 1
+    assert calls[-1].url.path == "/tokenize"
+    assert await tokenizer.chat_overhead("llama") == 5
+    chat = json.loads(next(c for c in calls if b"messages" in c.content).content)
+    assert chat["add_generation_prompt"] is True
+    assert chat["model"] == "llama"
+
+
+async def test_explicit_style_uses_one_route_only() -> None:
+    calls: list[httpx.Request] = []
+    tokenizer = remote(sglang(calls), style="vllm")
+    with pytest.raises(CanaryError, match="HTTP 404"):
+        await tokenizer.count("hello")
+    assert [c.url.path for c in calls] == ["/tokenize"]
+
+
+async def test_chat_overhead_unsupported_is_a_clear_error() -> None:
+    tokenizer = remote(lambda request: httpx.Response(400, json={"error": "no messages"}))
+    with pytest.raises(CanaryError, match="cannot tokenize chat messages"):
+        await tokenizer.chat_overhead("m")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b'{"count": 2}', b'{"tokens": [1, 2], "count": 3}', b'{"tokens": "ab"}'],
+)
+async def test_malformed_answers_are_canary_errors(body: bytes) -> None:
+    tokenizer = remote(lambda request: httpx.Response(200, content=body), style="sglang")
+    with pytest.raises(CanaryError):
+        await tokenizer.count("hello")
+
+
+def test_bad_style_is_an_error() -> None:
+    with pytest.raises(CanaryError, match="style"):
+        remote(vllm([]), style="tgi")

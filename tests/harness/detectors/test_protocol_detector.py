@@ -1,0 +1,112 @@
+"""The protocol detector on synthetic plans and observations."""
+
+from __future__ import annotations
+
+import pytest
+from detector_factories import LIMITS, make_obs, make_plan
+
+from harness.detectors import ProtocolDetector
+from harness.errors import ConfigError
+from harness.events import Limits
+from harness.finding import FindingKind, Severity
+
+
+def kinds(findings: list) -> list[FindingKind]:  # type: ignore[type-arg]
+    return [f.kind for f in findings]
+
+
+def test_rejection_of_an_over_limit_prompt_is_fine() -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="reject")
+    obs = make_obs(plan, status=400, ttft_ms=None, prompt_tokens=None, error_kind="http_status")
+    assert ProtocolDetector(LIMITS).check(plan, obs) == []
+
+
+def test_success_for_an_over_limit_prompt_is_unsafe_accept() -> None:
+    plan = make_plan("t1-r000004", tenant="tenant-1", num_prompt_tokens=3000, expected="reject")
+    [finding] = ProtocolDetector(LIMITS).check(plan, make_obs(plan, status=200))
+    assert finding.kind is FindingKind.UNSAFE_ACCEPT
+    assert finding.severity is Severity.CRITICAL
+    assert (finding.request_id, finding.tenant, finding.detector) == (
+        "t1-r000004",
+        "tenant-1",
+        "protocol",
+    )
+    assert finding.details["num_prompt_tokens"] == 3000
+    assert finding.details["limit_crossed"] == "KV pool"
+    assert finding.details["limits_crossed"] == {"KV pool": 2048}
+    assert finding.details["status"] == 200
+    assert "3000-token prompt above the KV pool (2048 tokens)" in finding.summary
+    assert "HTTP 200" in finding.summary
+
+
+def test_unsafe_accept_names_every_limit_crossed_tightest_first() -> None:
+    limits = Limits(2048, 4096, 16, "flags", max_input_tokens=4000)
+    plan = make_plan(num_prompt_tokens=5000, expected="reject")
+    [finding] = ProtocolDetector(limits).check(plan, make_obs(plan, status=200))
+    assert list(finding.details["limits_crossed"]) == ["KV pool", "input limit", "context"]
+
+
+def test_a_broken_stream_after_a_200_is_still_an_accept() -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="reject")
+    obs = make_obs(plan, status=200, prompt_tokens=None, error_kind="truncated")
+    assert kinds(ProtocolDetector(LIMITS).check(plan, obs)) == [FindingKind.UNSAFE_ACCEPT]
+
+
+def test_transport_failure_without_status_is_not_an_accept() -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="reject")
+    obs = make_obs(plan, status=None, ttft_ms=None, prompt_tokens=None, error_kind="timeout")
+    assert ProtocolDetector(LIMITS).check(plan, obs) == []
+
+
+def test_usage_of_one_for_a_huge_prompt_is_the_incident_signature() -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="reject")
+    findings = ProtocolDetector(LIMITS).check(plan, make_obs(plan, status=200, prompt_tokens=1))
+    assert kinds(findings) == [FindingKind.UNSAFE_ACCEPT, FindingKind.PROMPT_TOKENS_MISMATCH]
+    mismatch = findings[1]
+    assert mismatch.severity is Severity.HIGH
+    assert mismatch.details["usage_prompt_tokens"] == 1
+    assert mismatch.details["difference"] == -2999
+    assert mismatch.details["incident_signature"] is True
+    assert "usage.prompt_tokens=1" in mismatch.summary
+    assert "placeholder" in mismatch.summary
+
+
+def test_small_mismatch_is_reported_without_the_incident_wording() -> None:
+    plan = make_plan(num_prompt_tokens=1000)
+    [finding] = ProtocolDetector(LIMITS).check(plan, make_obs(plan, prompt_tokens=1003))
+    assert finding.kind is FindingKind.PROMPT_TOKENS_MISMATCH
+    assert finding.details["incident_signature"] is False
+    assert "off by +3" in finding.summary
+    assert "placeholder" not in finding.summary
+
+
+def test_matching_usage_and_missing_usage_give_no_finding() -> None:
+    detector = ProtocolDetector(LIMITS)
+    plan = make_plan(num_prompt_tokens=1000)
+    assert detector.check(plan, make_obs(plan)) == []
+    assert detector.check(plan, make_obs(plan, prompt_tokens=None)) == []
+    assert detector.num_without_usage == 1
+    assert detector.num_checked == 2
+
+
+def test_tolerance_applies_per_api() -> None:
+    detector = ProtocolDetector(LIMITS, tolerance_tokens=0, chat_tolerance_tokens=8)
+    chat = make_plan(num_prompt_tokens=1000, api="chat")
+    completions = make_plan(num_prompt_tokens=1000, api="completions")
+    assert detector.check(chat, make_obs(chat, prompt_tokens=1008)) == []
+    assert kinds(detector.check(chat, make_obs(chat, prompt_tokens=1009))) == [
+        FindingKind.PROMPT_TOKENS_MISMATCH
+    ]
+    assert kinds(detector.check(completions, make_obs(completions, prompt_tokens=1001))) == [
+        FindingKind.PROMPT_TOKENS_MISMATCH
+    ]
+
+
+def test_a_planned_accept_never_gives_unsafe_accept() -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="accept")
+    assert ProtocolDetector(LIMITS).check(plan, make_obs(plan, status=200)) == []
+
+
+def test_negative_tolerance_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        ProtocolDetector(LIMITS, tolerance_tokens=-1)

@@ -1,0 +1,213 @@
+"""The timing detector on synthetic TTFTs with realistic noise."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from detector_factories import make_obs, make_plan
+
+from harness.detectors import TimingDetector, TtftModel
+from harness.errors import ConfigError
+from harness.finding import Finding, FindingKind, Severity
+
+INTERCEPT_MS = 12.0
+MS_PER_TOKEN = 0.06
+SIZES = (64, 128, 256, 512, 1024, 1536, 2000, 2048)
+
+
+def honest_ttft(rng: random.Random, num_tokens: int) -> float:
+    """Prefill time plus client jitter, plus a heavy queueing tail on some requests."""
+    ttft = INTERCEPT_MS + MS_PER_TOKEN * num_tokens
+    ttft *= rng.lognormvariate(0.0, 0.05)
+    ttft += abs(rng.gauss(0.0, 1.5))
+    if rng.random() < 0.15:
+        ttft += rng.expovariate(1 / 150.0)  # queued behind other prefills
+    return ttft
+
+
+class Traffic:
+    """Feeds a detector numbered requests and collects every finding it returns."""
+
+    def __init__(self, detector: TimingDetector, seed: int = 0) -> None:
+        self.detector = detector
+        self.rng = random.Random(seed)
+        self.count = 0
+        self.findings: list[Finding] = []
+
+    def send(
+        self,
+        num_tokens: int,
+        ttft_ms: float | None = None,
+        *,
+        expected: str = "accept",
+        prompt_tokens: int | None = -1,
+        status: int = 200,
+    ) -> str:
+        self.count += 1
+        request_id = f"t{self.count % 4}-r{self.count:06d}"
+        plan = make_plan(
+            request_id,
+            tenant=f"tenant-{self.count % 4}",
+            num_prompt_tokens=num_tokens,
+            expected=expected,
+        )
+        if ttft_ms is None:
+            ttft_ms = honest_ttft(self.rng, num_tokens)
+        obs = make_obs(plan, status=status, ttft_ms=ttft_ms, prompt_tokens=prompt_tokens)
+        self.findings += self.detector.observe(plan, obs)
+        return request_id
+
+    def honest(self, n: int) -> None:
+        for _ in range(n):
+            self.send(self.rng.choice(SIZES))
+
+    def finish(self) -> list[Finding]:
+        final = self.detector.finish()
+        self.findings += final
+        return final
+
+
+def flagged(findings: list[Finding]) -> set[str]:
+    return {f.request_id for f in findings if f.request_id is not None}
+
+
+def test_clean_run_of_2000_requests_gives_no_findings() -> None:
+    traffic = Traffic(TimingDetector(), seed=1)
+    for i in range(2000):
+        if i % 10 == 0:  # over-limit probes that a safe target rejects
+            traffic.send(3000, expected="reject", status=400, prompt_tokens=None)
+        else:
+            traffic.send(traffic.rng.choice(SIZES))
+    traffic.finish()
+    assert traffic.findings == []
+    model = traffic.detector.model
+    assert model is not None
+    assert model.ms_per_token == pytest.approx(MS_PER_TOKEN, rel=0.15)
+
+
+def test_fast_answers_to_long_prompts_are_flagged_and_slow_ones_are_not() -> None:
+    traffic = Traffic(TimingDetector(), seed=2)
+    traffic.honest(200)
+    fast_long = traffic.send(2000, ttft_ms=INTERCEPT_MS + 1.0)
+    slow_long = traffic.send(2000, ttft_ms=5 * (INTERCEPT_MS + MS_PER_TOKEN * 2000))
+    fast_short = traffic.send(64, ttft_ms=1.0)  # short prompts cannot be "too fast"
+    assert flagged(traffic.findings) == {fast_long}
+    traffic.finish()
+    assert flagged(traffic.findings) == {fast_long}
+    assert slow_long not in flagged(traffic.findings)
+    assert fast_short not in flagged(traffic.findings)
+
+
+def test_finding_explains_itself() -> None:
+    traffic = Traffic(TimingDetector(), seed=3)
+    traffic.honest(100)
+    traffic.send(2048, ttft_ms=10.0)
+    [finding] = traffic.findings
+    assert finding.kind is FindingKind.FAST_PREFILL
+    assert finding.severity is Severity.HIGH
+    assert finding.detector == "timing"
+    details = finding.details
+    assert details["ttft_ms"] == pytest.approx(10.0)
+    assert details["num_prompt_tokens"] == 2048
+    assert details["predicted_ms"] == pytest.approx(INTERCEPT_MS + MS_PER_TOKEN * 2048, rel=0.2)
+    assert details["threshold_ms"] < details["lower_bound_ms"] < details["predicted_ms"]
+    assert details["ttft_ms"] < details["threshold_ms"]
+    assert details["evaluated"] == "online"
+    assert "rule" in details["model"]
+    assert "2048-token prompt" in finding.summary
+    assert "10.0 ms" in finding.summary
+
+
+def test_fast_over_limit_probes_are_flagged_without_poisoning_the_fit() -> None:
+    """A vulnerable target answers over-limit probes fast with usage 1; 40% of traffic."""
+    traffic = Traffic(TimingDetector(), seed=4)
+    probes = set()
+    for i in range(500):
+        if i % 5 < 2:
+            probes.add(traffic.send(3000, ttft_ms=13.0, expected="reject", prompt_tokens=1))
+        else:
+            traffic.send(traffic.rng.choice(SIZES))
+    traffic.finish()
+    assert flagged(traffic.findings) == probes
+    model = traffic.detector.model
+    assert model is not None
+    assert model.ms_per_token == pytest.approx(MS_PER_TOKEN, rel=0.15)
+
+
+def test_accepted_plans_with_inconsistent_usage_stay_out_of_the_fit() -> None:
+    traffic = Traffic(TimingDetector(), seed=5)
+    traffic.honest(50)
+    for _ in range(200):  # under-limit prompts the target did not really prefill
+        traffic.send(2048, ttft_ms=12.0, prompt_tokens=1)
+    model = traffic.detector.model
+    assert model is not None
+    assert model.ms_per_token == pytest.approx(MS_PER_TOKEN, rel=0.2)
+    assert len(flagged(traffic.findings)) == 200
+
+
+def test_responses_before_the_first_fit_are_judged_once_at_finish() -> None:
+    traffic = Traffic(TimingDetector(min_samples=20), seed=6)
+    early = traffic.send(2000, ttft_ms=12.0, prompt_tokens=None, expected="reject")
+    traffic.honest(100)
+    late = traffic.send(2000, ttft_ms=12.0, prompt_tokens=None, expected="reject")
+    assert flagged(traffic.findings) == {late}
+    final = traffic.finish()
+    assert flagged(final) == {early}
+    assert final[0].details["evaluated"] == "final"
+    assert traffic.finish() == []  # finishing again never repeats a finding
+
+
+def test_no_model_without_two_prompt_lengths() -> None:
+    detector = TimingDetector()
+    traffic = Traffic(detector)
+    for _ in range(50):
+        traffic.send(1024)
+    traffic.send(1024, ttft_ms=0.5)
+    assert detector.finish() == []
+    assert detector.model is None
+
+
+def test_no_model_below_min_samples() -> None:
+    traffic = Traffic(TimingDetector(min_samples=8))
+    traffic.honest(7)
+    assert traffic.finish() == []
+    assert traffic.detector.model is None
+
+
+def test_retention_cap_keeps_the_suspicious_candidates() -> None:
+    traffic = Traffic(TimingDetector(min_samples=20, max_retained=40), seed=7)
+    early = {traffic.send(2000, ttft_ms=12.0, expected="reject", prompt_tokens=1) for _ in range(3)}
+    traffic.honest(1000)
+    traffic.finish()
+    assert flagged(traffic.findings) == early
+
+
+def test_model_rule_arithmetic() -> None:
+    model = TtftModel(
+        intercept_ms=10.0,
+        ms_per_token=0.1,
+        scale_ms=2.0,
+        num_samples=100,
+        num_sigmas=4.0,
+        fraction=0.5,
+        min_prefill_ms=5.0,
+    )
+    assert model.predict(1000) == pytest.approx(110.0)
+    assert model.lower_bound(1000) == pytest.approx(102.0)
+    assert model.threshold(1000) == pytest.approx(52.0)
+    # eligible once 0.5 * 0.1 * n >= 2 * 4 * 2, i.e. n >= 320
+    assert model.min_eligible_tokens == pytest.approx(320.0)
+    assert not model.eligible(319)
+    assert model.eligible(320)
+    assert model.is_fast(1000, 51.9)
+    assert not model.is_fast(1000, 52.1)
+    assert model.to_dict()["num_samples"] == 100
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"min_samples": 2}, {"fraction": 1.0}, {"num_sigmas": 0}, {"max_fit_samples": 4}]
+)
+def test_bad_parameters_are_config_errors(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ConfigError):
+        TimingDetector(**kwargs)  # type: ignore[arg-type]

