@@ -5,10 +5,11 @@ against baselines measured in the same run, on the same text:
 
 (a) building a 1,048,576-token canary-laced prompt (cl100k_base, page size 16 and 64)
     versus one tiktoken encode of the same text; the goal is at most 2x;
-(b) scanning with 100,000 live canaries, in MB/s (ASCII, so characters = bytes), versus a
-    plain `str.find` loop for one canary and versus `re` with an alternation of 1,000 of
-    the canaries. The text is a benign mix (prose, code, hex, UUIDs) with a live canary
-    echoed every ~20 KB; the worst case is a text made only of canary words.
+(b) scanning with 100,000 live canaries, in MB/s (millions of characters per second),
+    versus a plain `str.find` loop for one canary and versus `re` with an alternation of
+    1,000 of the canaries. The text is a benign mix (prose, some with typographic quotes,
+    code, hex, UUIDs) with a live canary echoed every ~20 KB; the worst case is a text made
+    only of canary words.
 
 Times are the best of several repetitions (the machine may be shared). Prints Markdown.
 """
@@ -53,7 +54,8 @@ def machine() -> str:
                 break
     return (
         f"{model}, {os.cpu_count()} CPUs visible, Python {platform.python_version()}, "
-        f"numpy {np.__version__}, tiktoken {tiktoken.__version__}, {platform.system()}"
+        f"numpy {np.__version__}, tiktoken {tiktoken.__version__}, {platform.system()}, "
+        f"load average {os.getloadavg()[0]:.1f} at start"
     )
 
 
@@ -95,8 +97,10 @@ def benign_text(minter: CanaryMinter, live: list[str], size: int) -> str:
     total = 0
     while total < size:
         kind = rng.random()
-        if kind < 0.6:
+        if kind < 0.45:
             part = paragraph + rng.choice(prose.snippets(40)) + ".\n"
+        elif kind < 0.6:  # typographic quotes and dashes: the non-ASCII path
+            part = "\u201c" + rng.choice(prose.snippets(40)) + "\u201d \u2014 it\u2019s so.\n"
         elif kind < 0.75:
             part = "def f(x):\n    return {'k': x + 1, 'v': [i * 2 for i in range(x)]}\n" * 3
         elif kind < 0.9:
@@ -160,7 +164,7 @@ def bench_scan() -> list[str]:
             len(sample) / 1e6 / best_of(lambda: sum(1 for _ in tagless.finditer(sample)), 1),
         ),
     ]
-    lines = [f"| {name} | {rate:,.0f} MB/s |" for name, rate in rows]
+    lines = [f"| {name} | {rate:,.1f} MB/s |" for name, rate in rows]
     lines.append(f"\n{num_hits} hits in the {mb:.0f} MB mixed text (the echoed live canaries).")
     return lines
 

@@ -31,9 +31,9 @@ async def _one(client: httpx.AsyncClient, index: int, args: argparse.Namespace) 
     async with client.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200, response.status_code
         async for line in response.aiter_lines():
-            if ttft is None and line.startswith("data: {"):
-                if json.loads(line[6:])["choices"]:
-                    ttft = time.perf_counter() - started
+            first_token = ttft is None and line.startswith("data: {")
+            if first_token and json.loads(line[6:])["choices"]:
+                ttft = time.perf_counter() - started
     assert ttft is not None, "no token streamed"
     return ttft
 

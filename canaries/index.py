@@ -119,7 +119,8 @@ class CanaryIndex:
             minter, max_live=max_live, max_response_chars=max_response_chars
         )
         self._live: dict[str, Owner] = {}
-        self._fragments: dict[str, tuple[str, int]] = {}  # k words -> (canary, word offset)
+        # k words -> the canary they open, or (canary, word offset) when they start later
+        self._fragments: dict[str, str | tuple[str, int]] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -151,7 +152,8 @@ class CanaryIndex:
                 )
             self._live[canary] = owner
             if k is not None:
-                for offset in range(num_words - k + 1):
+                self._fragments[" ".join(words[:k])] = canary  # no tuple: saves memory
+                for offset in range(1, num_words - k + 1):
                     self._fragments[" ".join(words[offset : offset + k])] = (canary, offset)
 
     def discard(self, canary: str) -> None:
@@ -162,7 +164,7 @@ class CanaryIndex:
         words, k = canary.split(" ")[1:], self.fragment_words
         for offset in range(len(words) - k + 1):
             key = " ".join(words[offset : offset + k])
-            if self._fragments.get(key, ("", 0))[0] == canary:
+            if _fragment_entry(self._fragments.get(key))[0] == canary:
                 del self._fragments[key]
 
     def scanner(self, *, scan_block: int = SCAN_BLOCK) -> StreamScanner:
@@ -238,9 +240,8 @@ class CanaryIndex:
         position = shape.find(pattern)
         while position >= 0:
             start = position + 1
-            entry = self._fragments.get(folded[start : start + width])
-            if entry is not None:
-                canary, offset = entry
+            canary, offset = _fragment_entry(self._fragments.get(folded[start : start + width]))
+            if canary:
                 if groups and groups[-1][1:] == (start + width - stride, canary, offset - 1):
                     groups[-1] = (groups[-1][0], start + width, canary, offset)  # next k-gram
                 else:
@@ -251,6 +252,13 @@ class CanaryIndex:
             for start, end, canary, _ in groups
             if not any(t.start < end and start < t.end for t in tags)
         ]
+
+
+def _fragment_entry(entry: str | tuple[str, int] | None) -> tuple[str, int]:
+    """(canary, word offset) of a fragment-dict entry; ("", 0) for none."""
+    if entry is None:
+        return "", 0
+    return (entry, 0) if isinstance(entry, str) else entry
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,29 +95,32 @@ def build_prompt(
     ends = starts + lengths[:num_canaries]
     gaps = starts[1:] - ends[:-1]
     tail = n - int(ends[-1])
-    if filler == "prose":
-        prose = _prose(tokenizer, seed)
+    prose = _prose(tokenizer, seed) if filler == "prose" else None
+    if prose is not None:
         variants = np.random.default_rng([seed, tenant, request]).integers(
             NUM_VARIANTS, size=num_canaries
         )
-        fill = _gap_fillers(prose, gaps, variants)
+        fill, fill_lens = _gap_fillers(prose, gaps, variants[:-1])
         tail_text = prose.snippets(tail)[int(variants[-1])]
     else:
-        prose = None
-        fill = [""] * (num_canaries - 1)
+        fill, fill_lens = [" "] * (num_canaries - 1), np.ones(num_canaries - 1, dtype=np.int64)
         tail_text = _canary_prefix(digits[num_canaries], tail, costs) if tail else ""
     canaries = minter.spell(digits[:num_canaries])
+    # parts: " " + canary 0, filler 0 + " ", canary 1, ..., canary K-1, tail; the canary
+    # strings are shared with the spans, and each filler carries the next canary's space
     parts: list[str] = [""] * (2 * num_canaries)
-    parts[0::2] = [" " + canary for canary in canaries]
+    parts[0::2] = canaries
+    parts[0] = " " + canaries[0]
     parts[1::2] = [*fill, tail_text]
     text = "".join(parts)
+    width = len(canaries[0])  # every canary of a minter has the same width
+    char_offsets = np.empty(num_canaries, dtype=np.int64)
+    char_offsets[0] = 1
+    np.cumsum(width + fill_lens, out=char_offsets[1:])
+    char_offsets[1:] += 1
     if tokenizer.count(text) != n:
-        part_tokens = np.empty(2 * num_canaries, dtype=np.int64)
-        part_tokens[0::2] = lengths[:num_canaries]
-        part_tokens[1::2] = [*gaps.tolist(), tail]
-        text = _repair(tokenizer, parts, part_tokens, prose, n)
-    lens = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    char_offsets = (np.cumsum(lens) - lens)[0::2] + 1  # + 1: past the leading space
+        filler_tokens = [*gaps.tolist(), tail]
+        text, char_offsets = _repair(tokenizer, parts, ends, filler_tokens, prose, n)
     spans = spans_from_columns(
         canaries, char_offsets.tolist(), starts.tolist(), range(num_canaries)
     )
@@ -170,12 +173,16 @@ def _prose(tokenizer: Tokenizer, seed: int) -> Prose:
 
 def _gap_fillers(
     prose: Prose, gaps: npt.NDArray[np.int64], variants: npt.NDArray[np.int64]
-) -> list[str]:
+) -> tuple[list[str], npt.NDArray[np.int64]]:
+    """The filler of every gap, each followed by the next canary's space, and lengths."""
     fill = np.empty(len(gaps), dtype=object)
+    lens = np.empty(len(gaps), dtype=np.int64)
     for gap in np.unique(gaps).tolist():
+        pool = [snippet + " " for snippet in prose.snippets(gap)]
         chosen = gaps == gap
-        fill[chosen] = np.array(prose.snippets(gap), dtype=object)[variants[:-1][chosen]]
-    return fill.tolist()
+        fill[chosen] = np.array(pool, dtype=object)[variants[chosen]]
+        lens[chosen] = np.array([len(s) for s in pool], dtype=np.int64)[variants[chosen]]
+    return fill.tolist(), lens
 
 
 def _canary_prefix(digits: npt.NDArray[np.int64], num_tokens: int, costs: CanaryCosts) -> str:
@@ -202,31 +209,41 @@ def _canary_prefix(digits: npt.NDArray[np.int64], num_tokens: int, costs: Canary
 def _repair(
     tokenizer: Tokenizer,
     parts: list[str],
-    part_tokens: npt.NDArray[np.int64],
+    canary_ends: npt.NDArray[np.int64],
+    filler_tokens: list[int],
     prose: Prose | None,
     n: int,
-) -> str:
-    """Swaps filler variants next to merged boundaries until the count is exact."""
-    expected = np.concatenate([[0], np.cumsum(part_tokens)])
+) -> tuple[str, npt.NDArray[np.int64]]:
+    """Swaps filler variants before merged canaries until the count is exact.
+
+    Parts alternate canary and filler (plus the next canary's space); canary i should end
+    at token canary_ends[i], filler j should hold filler_tokens[j] tokens. Returns the text
+    and the canaries' character offsets."""
     for _ in range(_MAX_REPAIRS):
+        lens = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        part_starts = np.cumsum(lens) - lens
+        char_offsets = part_starts[0::2].copy()
+        char_offsets[0] += 1  # parts[0] holds canary 0's space; later ones, the filler
         text = "".join(parts)
         if tokenizer.count(text) == n:
-            return text
-        lens = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-        ends = np.concatenate([[0], np.cumsum(lens)])
-        ok, bad = 0, len(parts)  # prefixes of `ok` parts count right, of `bad` parts not
+            return text, char_offsets
+        ends = part_starts[0::2] + lens[0::2]
+        ok, bad = -1, len(canary_ends)  # prefixes through canary `ok` count right
         while bad - ok > 1:
             mid = (ok + bad) // 2
-            if tokenizer.count(text[: ends[mid]]) == expected[mid]:
+            if tokenizer.count(text[: ends[mid]]) == canary_ends[mid]:
                 ok = mid
             else:
                 bad = mid
-        # part bad-1 merged with its left neighbour; fillers sit at odd positions
-        filler_at = next((i for i in (bad - 1, bad - 2) if i % 2 == 1 and i >= 0), None)
-        if prose is None or filler_at is None or part_tokens[filler_at] == 0:
+        # canary `bad` merged with the filler before it, or (bad = K) the tail with its canary
+        filler = bad - 1 if bad < len(canary_ends) else len(filler_tokens) - 1
+        if prose is None or filler < 0 or filler_tokens[filler] == 0:
             break
-        pool = prose.snippets(int(part_tokens[filler_at]))
-        parts[filler_at] = pool[(pool.index(parts[filler_at]) + 1) % len(pool)]
+        part = parts[2 * filler + 1]
+        snippet = part.removesuffix(" ") if filler < len(filler_tokens) - 1 else part
+        pool = prose.snippets(filler_tokens[filler])
+        swapped = pool[(pool.index(snippet) + 1) % len(pool)]
+        parts[2 * filler + 1] = swapped + part[len(snippet) :]
     raise CanaryError(
         f"tokenizer {tokenizer.name} merges tokens across canary boundaries; "
         f"cannot build an exact {n}-token prompt"

@@ -187,7 +187,7 @@ OPTIONS: tuple[Option, ...] = (
         "requests",
         parse_positive_int,
         None,
-        "Stop after N requests (default 80 when --duration is not given).",
+        "Stop after N requests (default 60 when --duration is not given).",
         metavar="N",
         scopes=("run", "plugin"),
     ),

@@ -70,7 +70,6 @@ class ProgressDisplay:
     # -- lifecycle ----------------------------------------------------------------------
 
     def __enter__(self) -> ProgressDisplay:
-        self._t_start = self._t_last_line = time.monotonic()
         if self._live_enabled:
             self._live = Live(self, console=self.console, refresh_per_second=4, transient=True)
             self._live.start()

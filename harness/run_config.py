@@ -22,7 +22,7 @@ from harness.options import OPTIONS_BY_NAME, Option, options_for
 
 Command = Literal["run", "soak"]
 
-DEFAULT_NUM_REQUESTS = 80
+DEFAULT_NUM_REQUESTS = 60
 DEFAULT_CONCURRENCY = 8
 DEFAULT_ENGINE_CONCURRENCY = 1
 """The bundled engine is CPU-bound: one request at a time is as fast on a small machine,

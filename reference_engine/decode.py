@@ -82,9 +82,10 @@ class DecodeServer(SideBase):
 
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[Event, None]:
         r = Req.from_request(req)
-        assert r.rid not in self._live, f"request id {r.rid} is already live"
         self.counters["prompt_tokens_total"] += r.num_client_tokens
         rejection = self.intake_rejection(r)
+        if rejection is None and r.rid in self._live:
+            rejection = finish.duplicate_rid(r.rid)
         if rejection is None:
             self.scheduler.add(r)
         else:

@@ -98,6 +98,10 @@ def exceeds_kv_capacity(rid: str, num_tokens: int, max_total_num_tokens: int) ->
     )
 
 
+def duplicate_rid(rid: str) -> FinishAbort:
+    return bad_request(f"Duplicate request id {rid!r}: a request with this id is still running")
+
+
 def transfer_failed(rid: str, room: int) -> FinishAbort:
     return internal_error(f"KV transfer failed for request rid={rid} bootstrap_room={room}")
 

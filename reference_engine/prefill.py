@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from reference_engine import finish
@@ -34,6 +35,8 @@ from reference_engine.model_runner import ModelRunner
 from reference_engine.prefill_scheduler import PrefillScheduler
 from reference_engine.sequence import Req
 from reference_engine.side_base import SideBase
+
+logger = logging.getLogger(__name__)
 
 _BOOTSTRAP_POLL_S = 0.05
 """How often a bootstrapping request re-checks whether decode cancelled the room."""
@@ -58,9 +61,10 @@ class PrefillServer(SideBase):
 
     async def generate(self, req: GenerateRequest) -> FinishOut:
         r = Req.from_request(req)
-        assert r.rid not in self._answers, f"request id {r.rid} is already live"
         self.counters["prompt_tokens_total"] += r.num_client_tokens
         rejection = self.intake_rejection(r)
+        if rejection is None and r.rid in self._answers:
+            rejection = finish.duplicate_rid(r.rid)
         if rejection is None:
             self.scheduler.add(r)
         else:
@@ -114,14 +118,17 @@ class PrefillServer(SideBase):
             self._aborts.setdefault(req.rid, finish.engine_stopped(req.rid))
         if status is None:
             status = TransferStatus(req.room, KVPoll.FAILED, aborted=req.rid in self._aborts)
-        with contextlib.suppress(Exception):
+        try:
             await self.transfer.conclude(status)
+        except Exception:  # decode may be gone; this side still has to answer and release
+            logger.warning("%s: could not conclude room %d", req.rid, req.room, exc_info=True)
         if status.poll == KVPoll.SUCCESS:
             self.scheduler.finish_success(req)
         else:
+            if req.rid not in self._aborts:  # decode gave up on the transfer
+                self.counters["num_transfer_failed_reqs_total"] += 1
             abort = self._aborts.get(req.rid) or finish.transfer_failed(req.rid, req.room)
             self.scheduler.finish_failed(req, abort)
-            self.counters["num_transfer_failed_reqs_total"] += 1
         self._done(req)
 
     async def _bootstrap(self, req: Req) -> bool:

@@ -3,8 +3,9 @@
 `load_frames` is a pure function of the journal. It streams events once and builds columns
 incrementally in Arrow record batches, so a journal of millions of observations never holds
 more event objects than there are requests in flight (a plan waits in `pending` only until
-its observation arrives). Response text is deliberately left out: it may be another
-customer's data, and nothing in a report needs it (evidence re-reads it only on request).
+its observation arrives). Response text, hashes and other per-request blobs are left out:
+text may be another customer's data, and the few requests a finding names are re-read from
+the journal by `reports.evidence`, so a row costs under 200 bytes.
 
 It does not judge anything: verdicts live in `reports.summary`, detection in the harness.
 """

@@ -31,6 +31,7 @@ from harness.finding import FindingKind
 from reports.frames import OUTCOMES, RunFrames
 
 SUMMARY_SCHEMA = 1
+_SCALARS = (bool, int, float, str, type(None))
 _SECRET_NAME = re.compile(r"key|token|secret|passw|auth|cookie|credential|header", re.IGNORECASE)
 
 
@@ -156,12 +157,17 @@ def safe_tenants(tenants: tuple[dict[str, Any], ...]) -> list[dict[str, str | No
 
 
 def safe_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings with plain values whose names do not look like they could hold a secret."""
-    return {
-        name: value
-        for name, value in settings.items()
-        if not _SECRET_NAME.search(name) and isinstance(value, bool | int | float | str | None)
-    }
+    """Plain settings (scalars, lists of scalars) whose names cannot hold a secret: names that
+    look like keys, tokens, passwords or headers are dropped unless they name a variable."""
+    safe: dict[str, Any] = {}
+    for name, value in settings.items():
+        if _SECRET_NAME.search(name) and not name.endswith("_env"):
+            continue
+        if isinstance(value, list | tuple) and all(isinstance(v, _SCALARS) for v in value):
+            safe[name] = list(value)
+        elif isinstance(value, _SCALARS):
+            safe[name] = value
+    return safe
 
 
 def _value_counts(column: Any) -> dict[str, int]:

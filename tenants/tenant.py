@@ -16,7 +16,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from harness.errors import ConfigError
@@ -63,7 +62,8 @@ class Tenant:
                 )
         if not (math.isfinite(self.weight) and self.weight > 0):
             raise ConfigError(f"tenant {self.name!r}: weight must be a positive number")
-        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+        # a private copy (not a read-only proxy, so tenants still pickle and `asdict`)
+        object.__setattr__(self, "headers", dict(self.headers))
 
     def auth_headers(self, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
         """Every header this tenant adds to a request, credentials resolved from `environ` now."""

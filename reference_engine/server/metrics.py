@@ -4,8 +4,10 @@ Each side app owns a `SideMetrics`: what the HTTP layer observes itself (time to
 token, end-to-end latency, prompt/generation/cached tokens from each `FinishOut`, requests
 by status, client-disconnect aborts) plus, at scrape time, every value of the side's
 `metrics_snapshot()` (token usage, running and queued requests, transfer and bootstrap
-failures, ...), named `sglang:<key>` (a key ending in `_total` is a counter). Every sample
-carries `model_name` and `disaggregation_mode` labels.
+failures, ...), named `sglang:<key>` (a key ending in `_total` is a counter). Where both
+count the same thing (prompt and generation tokens) the HTTP layer's family is the one
+exposed, so a name appears once. Every sample carries `model_name` and
+`disaggregation_mode` labels.
 
 The router owns a `RouterMetrics` and answers `/metrics` with its own families followed by
 the sides' families merged per name (`merge_expositions`), the way one scrape of a PD

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from reference_engine.finish import CLIENT_CLOSED
 from reference_engine.interfaces import DecodeSide, FinishOut, GenerateRequest, PrefillSide
 from reference_engine.server.errors import error_body, error_response
 from reference_engine.server.generation import ClientGone, DisconnectWatcher, Generation, Role
@@ -41,9 +42,6 @@ from reference_engine.server.schemas import (
 )
 from reference_engine.server.sse import SSE_DONE, DisconnectAwareStream, sse_event
 from reference_engine.tokenizer import Tokenizer
-
-CLIENT_CLOSED_REQUEST = 499
-"""Status logged for a request whose client left (nginx's convention); nobody reads it."""
 
 
 class ServedConfig(Protocol):
@@ -137,7 +135,7 @@ async def _serve(
         return DisconnectAwareStream(chunks, on_incomplete=_aborter(ctx, gen))
     except ClientGone:
         await _aborter(ctx, gen)()
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return Response(status_code=CLIENT_CLOSED)
     except asyncio.CancelledError:  # the server is cancelling this handler: still abort
         await asyncio.shield(_aborter(ctx, gen)())
         raise

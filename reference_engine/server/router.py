@@ -37,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from reference_engine.finish import CLIENT_CLOSED
 from reference_engine.server.errors import error_body, error_response
 from reference_engine.server.generation import ClientGone, DisconnectWatcher
 from reference_engine.server.metrics import CONTENT_TYPE, RouterMetrics
@@ -49,7 +50,6 @@ from reference_engine.server.usage_merge import (
 )
 
 _FORWARDED_HEADERS = ("authorization",)
-_CLIENT_CLOSED_REQUEST = 499
 _PREFILL_WAIT_S = 10.0
 
 
@@ -128,7 +128,7 @@ class MiniLoadBalancer:
             upstream = await watcher.race(decode.client.send(decode_request, stream=True))
         except ClientGone:
             await _cancel(prefill_exchange)
-            return Response(status_code=_CLIENT_CLOSED_REQUEST)
+            return Response(status_code=CLIENT_CLOSED)
         except httpx.HTTPError as exc:
             await watcher.stop()
             await _cancel(prefill_exchange)
@@ -141,7 +141,7 @@ class MiniLoadBalancer:
             except ClientGone:
                 await upstream.aclose()
                 await _cancel(prefill_exchange)
-                return Response(status_code=_CLIENT_CLOSED_REQUEST)
+                return Response(status_code=CLIENT_CLOSED)
             finally:
                 await watcher.stop()
             self._track(prefill_exchange)

@@ -13,8 +13,6 @@ of parts contributes the concatenation of its `text` parts.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_MAX_TOKENS = 16
@@ -119,8 +117,3 @@ GENERATION_PROMPT = "assistant:"
 def render_chat(messages: list[ChatMessage]) -> str:
     """The prompt text a chat request is tokenized from (see the module docstring)."""
     return "".join(f"{m.role}: {m.text}\n" for m in messages) + GENERATION_PROMPT
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """A body as JSON-ready data, unknown fields included."""
-    return model.model_dump(mode="json")

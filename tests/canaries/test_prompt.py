@@ -184,14 +184,15 @@ def test_prose_filler_reads_like_sentences_and_is_deterministic(
     assert function_words / len(words) > 0.15  # English, not a word salad
 
 
-class MergingTokenizer:
-    """Splits at spaces, but counts " again ydk" as one token: a boundary that merges."""
+class SplittingTokenizer:
+    """One token per space-led word; additive at every boundary."""
 
-    name = "merging-test"
+    name = "splitting-test"
     vocab_size = 1000
+    pattern = re.compile(r" ?[^ ]+")
 
     def encode(self, text: str) -> list[int]:
-        return [hash(t) % 1000 for t in re.findall(r" again ydk| ?[^ ]+", text)]
+        return [hash(t) % 1000 for t in self.pattern.findall(text)]
 
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
@@ -200,17 +201,28 @@ class MergingTokenizer:
         return len(self.encode(text))
 
 
+class MergingTokenizer(SplittingTokenizer):
+    """The same, but " by ydk" is one token: a boundary that merges."""
+
+    name = "merging-test"
+    pattern = re.compile(r" by ydk| ?[^ ]+")
+
+
 def test_a_merged_boundary_is_repaired_by_another_filler(minter: CanaryMinter) -> None:
-    tokenizer = MergingTokenizer()
-    merges = 0
-    for request in range(40):
-        prompt = build_prompt(tokenizer, minter, tenant=0, request=request, num_tokens=400)
-        assert tokenizer.count(prompt.text) == 400
-        assert " again ydk" not in prompt.text
-        merges += sum(
-            prompt.text.startswith(" again", span.char_offset - 7) for span in prompt.canaries
-        )
-    assert merges == 0
+    merged = 0
+    for request in range(20):
+        args = {"tenant": 0, "request": request, "num_tokens": 400}
+        plain = build_prompt(SplittingTokenizer(), minter, **args)  # type: ignore[arg-type]
+        merged += plain.text.count(" by ydk")
+        repaired = build_prompt(MergingTokenizer(), minter, **args)  # type: ignore[arg-type]
+        assert MergingTokenizer().count(repaired.text) == 400
+        assert " by ydk" not in repaired.text
+        assert [s.text for s in repaired.canaries] == [s.text for s in plain.canaries]
+        for span in repaired.canaries:
+            assert repaired.text[span.char_offset : span.char_offset + len(span.text)] == span.text
+            head = repaired.text[: span.char_offset + len(span.text)]
+            assert MergingTokenizer().count(head) == span.token_offset + 7
+    assert merged > 10  # the same fillers would have merged without the repair
 
 
 def test_repair_gives_up_clearly_when_nothing_helps(minter: CanaryMinter) -> None:

@@ -62,8 +62,13 @@ def fake_target(*, delay_s: float = 0.0, status: int | None = None) -> Any:
         if num_tokens >= POOL:
             await _json(send, 400, {"error": {"message": f"{num_tokens} tokens is too long"}})
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         for i in range(4):
             await asyncio.sleep(delay_s)
             chunk = {"choices": [{"index": 0, "text": f" word{i}", "finish_reason": None}]}
@@ -77,8 +82,13 @@ def fake_target(*, delay_s: float = 0.0, status: int | None = None) -> Any:
 
 
 async def _json(send: Send, status: int, obj: Any) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": json.dumps(obj).encode()})
 
 
@@ -109,10 +119,14 @@ def of_type(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
         (["soak", "--target", "http://127.0.0.1:9"], "soak needs --duration"),
         (["run", "--profile", "nope", "--target", "http://127.0.0.1:9"], "unknown workload"),
         (["run", "--tenants", "1"], "at least 2"),
-        (["run", "--target", "http://127.0.0.1:9", "--engine-fix", "page_tags"],
-         "only without --target"),
-        (["run", "--target", "http://127.0.0.1:9", "--api-key-env", "KVCANARY_TEST_UNSET"],
-         "KVCANARY_TEST_UNSET is not set"),
+        (
+            ["run", "--target", "http://127.0.0.1:9", "--engine-fix", "page_tags"],
+            "only without --target",
+        ),
+        (
+            ["run", "--target", "http://127.0.0.1:9", "--api-key-env", "KVCANARY_TEST_UNSET"],
+            "KVCANARY_TEST_UNSET is not set",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(
@@ -151,7 +165,9 @@ def test_an_unreachable_target_exits_3_with_one_line(
         port = sock.getsockname()[1]  # closed again before the run: nothing listens there
     assert main(["run", "--target", f"http://127.0.0.1:{port}", "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"kvcanary: run incomplete: cannot reach the target at http://127.0.0.1:{port}")
+    assert err[-1].startswith(
+        f"kvcanary: run incomplete: cannot reach the target at http://127.0.0.1:{port}"
+    )
     assert not any("Traceback" in line for line in err)
 
 
@@ -162,8 +178,10 @@ def test_a_safe_target_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[st
     out = tmp_path / "run"
     config = tmp_path / "kvcanary.toml"
     with serve(fake_target()) as url:
-        config.write_text(f'[run]\ntarget = "{url}"\nrequests = 60\nconcurrency = 4\n'
-                          f"pool-tokens = {POOL}\ncontext-tokens = {CONTEXT}\n")
+        config.write_text(
+            f'[run]\ntarget = "{url}"\nrequests = 60\nconcurrency = 4\n'
+            f"pool-tokens = {POOL}\ncontext-tokens = {CONTEXT}\n"
+        )
         status = main(["run", "--config", str(config), "--tenants", "3", "--out", str(out)])
     printed = capsys.readouterr()
     assert status == 0, printed
@@ -175,8 +193,12 @@ def test_a_safe_target_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert rows[0]["type"] == "run_started"
     assert rows[0]["settings"]["tenants"] == 3  # the flag over the file's default
     assert rows[0]["limits"]["pool_tokens"] == POOL
-    assert rows[-1] == {**rows[-1], "type": "run_finished", "reason": "completed",
-                        "num_requests": 60}
+    assert rows[-1] == {
+        **rows[-1],
+        "type": "run_finished",
+        "reason": "completed",
+        "num_requests": 60,
+    }
     observations = of_type(rows, "observation")
     assert len(observations) == len(of_type(rows, "plan")) == 60
     assert not of_type(rows, "finding")
@@ -189,8 +211,9 @@ def test_a_target_failing_every_request_ends_inconclusive(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with serve(fake_target(status=500)) as url:
-        status = main(["run", "--target", url, *LIMIT_FLAGS, "--requests", "30",
-                       "--out", str(tmp_path)])
+        status = main(
+            ["run", "--target", url, *LIMIT_FLAGS, "--requests", "30", "--out", str(tmp_path)]
+        )
     printed = capsys.readouterr()
     assert status == 3
     assert "Traceback" not in printed.err
@@ -206,8 +229,11 @@ def test_a_target_failing_every_request_ends_inconclusive(
 def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "harness.cli", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kwargs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        **kwargs,
     )
 
 
@@ -236,9 +262,12 @@ def _running(argv: list[str]) -> Iterator[subprocess.Popen[str]]:
 
 
 def test_ctrl_c_stops_sending_and_reports_what_was_seen(tmp_path: Path) -> None:
-    with serve(fake_target(delay_s=0.05)) as url, _running(
-        ["run", "--target", url, *LIMIT_FLAGS, "--requests", "5000", "--out", str(tmp_path)]
-    ) as proc:
+    with (
+        serve(fake_target(delay_s=0.05)) as url,
+        _running(
+            ["run", "--target", url, *LIMIT_FLAGS, "--requests", "5000", "--out", str(tmp_path)]
+        ) as proc,
+    ):
         _wait_for_lines(tmp_path, "observation", 8, proc)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
@@ -255,9 +284,10 @@ def test_ctrl_c_stops_sending_and_reports_what_was_seen(tmp_path: Path) -> None:
 
 
 def test_a_second_ctrl_c_cancels_requests_in_flight(tmp_path: Path) -> None:
-    with serve(fake_target(delay_s=30)) as url, _running(
-        ["run", "--target", url, *LIMIT_FLAGS, "--out", str(tmp_path)]
-    ) as proc:
+    with (
+        serve(fake_target(delay_s=30)) as url,
+        _running(["run", "--target", url, *LIMIT_FLAGS, "--out", str(tmp_path)]) as proc,
+    ):
         _wait_for_lines(tmp_path, "plan", 8, proc)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
@@ -272,10 +302,23 @@ def test_a_second_ctrl_c_cancels_requests_in_flight(tmp_path: Path) -> None:
 
 
 def test_a_killed_run_loses_at_most_the_requests_in_flight(tmp_path: Path) -> None:
-    with serve(fake_target(delay_s=0.02)) as url, _running(
-        ["run", "--target", url, *LIMIT_FLAGS, "--requests", "5000", "--concurrency", "6",
-         "--out", str(tmp_path)]
-    ) as proc:
+    with (
+        serve(fake_target(delay_s=0.02)) as url,
+        _running(
+            [
+                "run",
+                "--target",
+                url,
+                *LIMIT_FLAGS,
+                "--requests",
+                "5000",
+                "--concurrency",
+                "6",
+                "--out",
+                str(tmp_path),
+            ]
+        ) as proc,
+    ):
         _wait_for_lines(tmp_path, "observation", 40, proc)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -285,3 +328,72 @@ def test_a_killed_run_loses_at_most_the_requests_in_flight(tmp_path: Path) -> No
     assert observed <= planned
     assert len(planned - observed) <= 6
     assert rows[-1]["type"] != "run_finished"
+
+
+def test_soak_reports_rotates_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "soak"
+    with serve(fake_target(delay_s=0.01)) as url:
+        argv = [
+            "soak",
+            "--target",
+            url,
+            *LIMIT_FLAGS,
+            "--duration",
+            "3s",
+            "--report-every",
+            "1s",
+            "--rotate-every",
+            "1s",
+            "--concurrency",
+            "2",
+            "--seed",
+            "5",
+            "--out",
+            str(out),
+        ]
+        assert main(argv) == 0
+        first = capsys.readouterr()
+        assert "report updated" in first.err
+        assert "journal segment closed" in first.err
+        assert list(out.glob("journal.0001.jsonl"))
+        rows = records(out)
+        first_ids = [r["request_id"] for r in of_type(rows, "plan")]
+        assert rows[-1]["reason"] == "duration"
+
+        assert main(argv) == 0  # the same --out again: resume
+        rows = records(out)
+        ids = [r["request_id"] for r in of_type(rows, "plan")]
+        assert ids[: len(first_ids)] == first_ids
+        assert len(ids) > len(first_ids)
+        assert len(set(ids)) == len(ids)  # numbering continued, nothing reused
+        started = of_type(rows, "run_started")
+        assert len(started) == 2
+        assert started[0]["run_id"] == started[1]["run_id"]
+        assert started[1]["settings"]["resumed"] is True
+        assert rows[-1]["num_requests"] == len(ids)
+        capsys.readouterr()
+
+        other = [
+            "soak",
+            "--target",
+            url + "/other",
+            *LIMIT_FLAGS,
+            "--duration",
+            "1s",
+            "--out",
+            str(out),
+        ]
+        assert main(other) == 2
+        assert "use another --out, or --force" in capsys.readouterr().err
+        assert main([*argv[:-2], "--seed", "6", "--out", str(out)]) == 2
+        assert main([*other, "--force"]) in (0, 3)
+
+
+def test_run_refuses_an_out_that_holds_a_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "journal.jsonl").write_text("")
+    assert main(["run", "--target", "http://127.0.0.1:9", "--out", str(tmp_path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err

@@ -503,3 +503,18 @@ async def test_a_cancelled_run_loses_at_most_the_requests_in_flight(tmp_path: Pa
     assert len(planned) - len(answered) <= 4
     assert records[-1]["type"] == "run_finished"
     assert records[-1]["reason"] == "interrupted"
+
+
+async def test_the_live_index_forgets_the_oldest_plans_when_full() -> None:
+    index = FakeIndex(max_live=5)
+    runner = make_runner(
+        FakeSender(),
+        lambda e: None,
+        index=index,
+        pacing=ClosedLoop(1),
+        budget=Budget(20),
+        phases=(Phase("fill", 1.0, {"victim": 1.0}),),
+    )
+    await runner.run()
+    assert sorted(index.owners) == sorted(f"<<victim-{i}>>" for i in range(15, 20))
+    assert index.discarded == [f"<<victim-{i}>>" for i in range(15)]

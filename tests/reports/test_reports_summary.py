@@ -148,8 +148,19 @@ def test_metadata_is_copied_through_allow_lists(record: Callable[[str], Path]) -
 
 
 def test_secret_looking_settings_and_url_credentials_are_dropped() -> None:
-    settings = {"concurrency": 4, "api_key": "sk-x", "auth_header": "Bearer y", "extra": {"a": 1}}
-    assert safe_settings(settings) == {"concurrency": 4}
+    settings = {
+        "concurrency": 4,
+        "engine_fix": ["coverage_check"],
+        "api_key": "sk-x",
+        "api_key_env": "KEY_VAR",
+        "auth_header": "Bearer y",
+        "extra": {"a": 1},
+    }
+    assert safe_settings(settings) == {
+        "concurrency": 4,
+        "engine_fix": ["coverage_check"],
+        "api_key_env": "KEY_VAR",
+    }
     assert safe_target("https://user:pw@api.example.com:8443/v1?key=sk-x#f") == (
         "https://api.example.com:8443/v1"
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 
 import pytest
 
@@ -81,13 +83,13 @@ def test_invalid_tenants_are_config_errors(kwargs: dict[str, object], message: s
         Tenant(**kwargs)  # type: ignore[arg-type]
 
 
-def test_headers_cannot_be_changed_after_construction() -> None:
+def test_tenants_keep_their_own_headers_and_pickle() -> None:
     given = {"X-A": "1"}
-    tenant = Tenant(name="a", headers=given)
+    tenant = Tenant(name="a", api_key_env="KVC_A", headers=given, weight=2.0)
     given["X-B"] = "2"
     assert dict(tenant.headers) == {"X-A": "1"}
-    with pytest.raises(TypeError):
-        tenant.headers["X-C"] = "3"  # type: ignore[index]
+    assert pickle.loads(pickle.dumps(tenant)) == tenant
+    assert dataclasses.asdict(tenant)["headers"] == {"X-A": "1"}
 
 
 def test_default_tenants() -> None:

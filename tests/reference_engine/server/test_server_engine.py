@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,7 +25,12 @@ from httpx_sse import aconnect_sse
 from canaries import BuiltPrompt, CanaryMinter, build_prompt, load_tokenizer
 from reference_engine.server.app import build_app
 from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import EngineHandle, make_config, running_engine
+from reference_engine.server.launch import (
+    EngineHandle,
+    make_config,
+    running_engine,
+    running_engine_async,
+)
 
 CONTEXT = 1024  # vulnerable: prefill pool 656 (max input 650), decode pool 2048
 MINTER = CanaryMinter(b"kvcanary-server-tests-key-000000")
@@ -69,7 +77,7 @@ async def run_victims(client: httpx.AsyncClient) -> list[BuiltPrompt]:
 
 async def assert_drained(client: httpx.AsyncClient) -> dict[str, Any]:
     for _ in range(500):
-        state = (await client.get("/kvcanary/state")).json()
+        state: dict[str, Any] = (await client.get("/kvcanary/state")).json()
         sides = [*state["prefill"], *state["decode"]]
         busy = any(s["num_allocated_pages"] or s["num_running_requests"] for s in sides)
         if not busy and not state["num_pending_prefill_exchanges"]:
@@ -189,8 +197,8 @@ def disconnect_mid_stream(handle: EngineHandle) -> dict[str, int]:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                break
-        return handle.num_allocated_pages()
+                return handle.num_allocated_pages()  # then the client hangs up
+    raise AssertionError("no event streamed")
 
 
 def test_a_client_that_disconnects_mid_stream_leaves_no_page_allocated() -> None:
@@ -242,3 +250,52 @@ def test_running_engine_leaves_no_thread_process_or_port_behind(processes: bool)
     for url in urls:  # every server is gone and its port closed
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health")
+
+
+async def test_running_engine_async_serves_and_drains() -> None:
+    async with running_engine_async("vulnerable", context_length=256) as handle:
+        async with httpx.AsyncClient(base_url=handle.base_url, timeout=60) as client:
+            r = await client.post(
+                "/v1/completions", json={"prompt": "hello there", "max_tokens": 3}
+            )
+        assert r.json()["usage"]["completion_tokens"] == 3
+        state = await handle.await_drained()
+    assert state["decode"][0]["num_allocated_pages"] == 0
+
+
+_ORPHANING_PARENT = """
+import sys
+from reference_engine.server.launch import running_engine
+with running_engine("vulnerable", processes=True, context_length=256) as handle:
+    print(" ".join(handle.urls.values()), flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_engine_processes_exit_when_their_parent_is_killed() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHANING_PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        urls = parent.stdout.readline().split()
+        assert len(urls) == 3
+        parent.kill()  # no cleanup runs in the parent: only the children's lifeline is left
+        parent.wait()
+        deadline = time.monotonic() + 20
+        alive = set(urls)
+        while alive and time.monotonic() < deadline:
+            for url in list(alive):
+                try:
+                    httpx.get(f"{url}/health", timeout=1)
+                except httpx.TransportError:
+                    alive.discard(url)
+            time.sleep(0.1)
+        assert not alive, f"still serving after the parent died: {alive}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
