@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -247,10 +248,16 @@ class CanaryIndex:
                 else:
                     groups.append((start, start + width, canary, offset))
             position = shape.find(pattern, position + stride)
+        tag_starts = [t.start for t in tags]  # in order; tag matches never overlap
+
+        def inside_a_tag_match(start: int, end: int) -> bool:
+            last = bisect_left(tag_starts, end) - 1  # the last tag match starting before end
+            return last >= 0 and tags[last].end > start
+
         return [
             _Match(start, end, "fragment", canary, True)
             for start, end, canary, _ in groups
-            if not any(t.start < end and start < t.end for t in tags)
+            if not inside_a_tag_match(start, end)
         ]
 
 

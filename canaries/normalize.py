@@ -10,15 +10,18 @@
   characters (Cf) and combining marks (Mn, Me) are deleted, so `y`, U+200B, `dk` folds to `ydk`.
 
 Spaces are not collapsed: folded ASCII text has exactly the length of the original, so
-offsets carry over unchanged (the fast path, one `str.translate`). Only text with
-non-ASCII characters pays for an offset map, and only per non-ASCII run. Each character
-folds on its own, never together with its neighbours, so the folding of a window of text
-does not depend on where the window starts. This module knows nothing about canaries.
+offsets carry over unchanged (the fast path, one `str.translate`). Text with non-ASCII
+characters is encoded to ASCII through a codec error handler that folds each run of them
+(C-speed copying in between), and pays for an offset map only where a run deletes or
+expands characters. Each character folds on its own, never together with its neighbours,
+so the folding of a window of text does not depend on where the window starts. This
+module knows nothing about canaries.
 """
 
 from __future__ import annotations
 
-import re
+import codecs
+import threading
 import unicodedata
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -26,7 +29,6 @@ from dataclasses import dataclass
 _KEEP = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _DELETED = frozenset(("Cf", "Mn", "Me"))
 _DELETE, _EXPAND = "\x00", "\x01"  # markers in the one-character table below
-_NON_ASCII_RUN = re.compile(r"[^\x00-\x7f]+")
 
 
 def _fold_ascii(code: int) -> str:
@@ -35,6 +37,7 @@ def _fold_ascii(code: int) -> str:
 
 
 _ASCII_TABLE = str.maketrans({code: _fold_ascii(code) for code in range(128)})
+_ASCII_BYTES_TABLE = bytes(ord(_fold_ascii(code)) if code < 128 else code for code in range(256))
 
 
 def _fold_char(char: str) -> str:
@@ -96,39 +99,69 @@ class Folded:
         return self._original_starts[segment] + position - self._folded_starts[segment]
 
 
+class _FoldState(threading.local):
+    """What the encoder's error handler records while one `fold` call runs (per thread)."""
+
+    active = False
+    delta = 0  # folded offset minus original offset, after the runs seen so far
+    folded_starts: list[int]
+    original_starts: list[int]
+    collapsed: list[bool]
+
+
+_STATE = _FoldState()
+
+
+def _fold_run(error: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: the folding of one maximal run of non-ASCII characters.
+
+    `fold` encodes text to ASCII with this handler, so CPython's encoder copies the ASCII
+    stretches at C speed and calls here once per run. Runs that fold one character to one
+    character keep offsets aligned; others record segments of the offset map.
+    """
+    if not isinstance(error, UnicodeEncodeError) or not _STATE.active:
+        raise error
+    run = error.object[error.start : error.end]
+    folded = run.translate(_NON_ASCII_TABLE)
+    if _DELETE not in folded and _EXPAND not in folded:
+        return folded, error.end
+    state = _STATE
+    pieces = []
+    for offset, char in enumerate(folded):
+        original = error.start + offset
+        if char == _DELETE:
+            state.delta -= 1
+            continue
+        piece = _NON_ASCII_TABLE.expansions[ord(run[offset])] if char == _EXPAND else char
+        state.folded_starts.append(original + state.delta)
+        state.original_starts.append(original)
+        state.collapsed.append(len(piece) > 1)
+        state.delta += len(piece) - 1
+        pieces.append(piece)
+    # back to one-to-one after the run, with the new offset difference
+    state.folded_starts.append(error.end + state.delta)
+    state.original_starts.append(error.end)
+    state.collapsed.append(False)
+    return "".join(pieces), error.end
+
+
+codecs.register_error("kvcanary-fold", _fold_run)
+
+
 def fold(text: str) -> Folded:
     """`text` folded to `[a-z0-9 ]` (see the module docstring)."""
     if text.isascii():
         return Folded(text.translate(_ASCII_TABLE))
-    pieces: list[str] = []
-    folded_starts: list[int] = []
-    original_starts: list[int] = []
-    collapsed: list[bool] = []
-    length = 0
-
-    def segment(piece: str, original_start: int, is_collapsed: bool = False) -> None:
-        nonlocal length
-        if piece:
-            pieces.append(piece)
-            folded_starts.append(length)
-            original_starts.append(original_start)
-            collapsed.append(is_collapsed)
-            length += len(piece)
-
-    position = 0
-    for run in _NON_ASCII_RUN.finditer(text):
-        segment(text[position : run.start()].translate(_ASCII_TABLE), position)
-        folded = run.group().translate(_NON_ASCII_TABLE)
-        if _DELETE not in folded and _EXPAND not in folded:
-            segment(folded, run.start())
-        else:
-            for offset, char in enumerate(folded):
-                original = run.start() + offset
-                if char == _EXPAND:
-                    expansion = _NON_ASCII_TABLE.expansions[ord(text[original])]
-                    segment(expansion, original, is_collapsed=True)
-                elif char != _DELETE:
-                    segment(char, original)
-        position = run.end()
-    segment(text[position:].translate(_ASCII_TABLE), position)
-    return Folded("".join(pieces), tuple(folded_starts), tuple(original_starts), tuple(collapsed))
+    state = _STATE
+    state.active, state.delta = True, 0
+    state.folded_starts, state.original_starts, state.collapsed = [0], [0], [False]
+    try:
+        encoded = text.encode("ascii", "kvcanary-fold")
+    finally:
+        state.active = False
+    folded = encoded.translate(_ASCII_BYTES_TABLE).decode("ascii")
+    if len(state.folded_starts) == 1:  # every run folded one to one: offsets carry over
+        return Folded(folded)
+    return Folded(
+        folded, tuple(state.folded_starts), tuple(state.original_starts), tuple(state.collapsed)
+    )

@@ -35,7 +35,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from canaries import Hit, Owner, redact
 from harness.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
@@ -260,6 +260,7 @@ class Runner:
         self._grace: asyncio.TimerHandle | None = None
         self._phase: Phase | None = None
         self._num_taken = 0
+        self._plan_lock = asyncio.Lock()
         self._t0_ns = 0
         self.outcome = RunOutcome("running", 0, 0)
 
@@ -329,7 +330,7 @@ class Runner:
         task.add_done_callback(self._busy.discard)
 
     async def _closed_loop_worker(self) -> None:
-        while (plan := self._take(self._clock.now_ns())) is not None:
+        while (plan := await self._take()) is not None:
             await self._execute(plan, self._clock.now_ns())
 
     async def _open_loop_dispatcher(
@@ -338,7 +339,7 @@ class Runner:
         slots = asyncio.Semaphore(pacing.max_in_flight)
         for t_arrival_ns in pacing.times(self._t0_ns):
             # The plan is built before its arrival time so building it does not add slip.
-            plan = self._take(t_arrival_ns)
+            plan = await self._take(t_arrival_ns)
             if plan is None or not await self._wait_until(t_arrival_ns):
                 return
             await slots.acquire()
@@ -367,21 +368,27 @@ class Runner:
             stopper.cancel()
         return not self._stopping.is_set()
 
-    def _take(self, t_ns: int) -> RequestPlan | None:
-        """The next plan to send at `t_ns`, or None when the budget is spent or stopped."""
-        if self._stopping.is_set():
-            return None
-        fraction = self._position(t_ns)
-        if fraction is None:
-            return None
-        phase = self._workload.phase_at(fraction)
-        if phase is not self._phase:
-            self._phase = phase
-            self._emit(PhaseStarted(phase.name, t_wall=time.time()))
-        plan = self._workload.next_plan(phase)
-        if plan is not None:
-            self._num_taken += 1
-        return plan
+    async def _take(self, t_ns: int | None = None) -> RequestPlan | None:
+        """The next plan to send at `t_ns` (default: now), or None when spent or stopped.
+
+        Plans are built one at a time in a worker thread: building a long prompt is CPU
+        work that would otherwise stall every stream in flight (and skew their timestamps),
+        and a tokenizer may be a server reached through this loop.
+        """
+        async with self._plan_lock:
+            if self._stopping.is_set():
+                return None
+            fraction = self._position(self._clock.now_ns() if t_ns is None else t_ns)
+            if fraction is None:
+                return None
+            phase = self._workload.phase_at(fraction)
+            if phase is not self._phase:
+                self._phase = phase
+                self._emit(PhaseStarted(phase.name, t_wall=time.time()))
+            plan = await asyncio.to_thread(self._workload.next_plan, phase)
+            if plan is not None:
+                self._num_taken += 1
+            return plan
 
     def _position(self, t_ns: int) -> float | None:
         budget = self._budget

@@ -12,6 +12,13 @@ Life of a request on the prefill side:
 
 What it deliberately does not know: tensors, the event loop, or the transfer backend. The
 prefill server (`prefill.py`) drives it and runs the model chunks it schedules.
+
+Seam for a prefix cache (a radix cache keyed by cache salt and tokens comes later; there is
+none now, as with SGLang's --disable-radix-cache): `schedule()` is where a request gets its
+pages and its first uncomputed token, so a cache would match a page-aligned prefix there,
+reuse those pages and start at `num_computed_tokens` past them; `release()` is where finished
+pages would be inserted instead of freed (never an aborted request's, SGLang #28374). The
+salt arrives in `GenerateRequest.cache_salt` / `tenant_key`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The report's plots, as self-contained PNG data URIs: TTFT, outcome by size, findings in time.
 
-Plots are drawn with matplotlib's object API on Agg canvases (no pyplot state, no display),
-and embedded as base64 so `report.html` needs no network and no neighbouring files. Large
-runs are down-sampled for drawing (never for fitting beyond the fit's own sample), and the
-figure says so. This module draws; it does not decide what is a finding.
+Plots are drawn with matplotlib's object API (a `Figure` saved through Agg: no pyplot state,
+no display, safe in a worker thread) and embedded as base64, so `report.html` needs no
+network and no neighbouring files. Large runs are down-sampled for drawing (to
+`MAX_PLOTTED_POINTS`, flagged requests always kept) and the title says so; the TTFT model
+comes from `reports.ttft`. This module draws; it does not decide what is a finding.
 """
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ def test_a_second_ctrl_c_cancels_requests_in_flight(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 3, stderr
     rows = records(tmp_path)
     kinds = {o["error_kind"] for o in of_type(rows, "observation")}

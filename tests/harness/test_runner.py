@@ -37,6 +37,9 @@ from tenants.plan import Intent, RequestPlan
 from tenants.tenant import Tenant
 
 LIMITS = Limits(pool_tokens=1000, context_tokens=2000, page_size=16, source="flags")
+CLOSED_LOOP = ClosedLoop(4)
+BUDGET = Budget(num_requests=40)
+PHASES = default_phases(0.75)
 TENANTS = {t.name: t for t in (Tenant("tenant-0"), Tenant("tenant-1"))}
 
 
@@ -170,9 +173,9 @@ def make_runner(
     sender: FakeSender | TargetClient,
     emit: Callable[[Event], None],
     *,
-    pacing: ClosedLoop | PoissonArrivals = ClosedLoop(4),
-    budget: Budget = Budget(num_requests=40),
-    phases: tuple[Phase, ...] = default_phases(0.75),
+    pacing: ClosedLoop | PoissonArrivals = CLOSED_LOOP,
+    budget: Budget = BUDGET,
+    phases: tuple[Phase, ...] = PHASES,
     index: FakeIndex | None = None,
     grace_s: float = 5.0,
     workload_streams: dict[Intent, Iterator[RequestPlan]] | None = None,

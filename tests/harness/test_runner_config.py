@@ -127,9 +127,9 @@ def test_defaults_give_a_closed_loop_request_budget() -> None:
 
 
 def test_requests_and_duration_together_are_a_usage_error() -> None:
-    with pytest.raises(ConfigError, match="requests.*duration"):
+    with pytest.raises(ConfigError, match=r"requests.*duration"):
         resolve("run", {"requests": 10, "duration": 5.0})
-    with pytest.raises(ConfigError, match="concurrency.*rate"):
+    with pytest.raises(ConfigError, match=r"concurrency.*rate"):
         resolve("run", {"concurrency": 2, "rate": 1.0})
 
 

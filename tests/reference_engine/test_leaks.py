@@ -48,7 +48,7 @@ async def over_pool(engine: DisaggregatedEngine, canaries: Canaries) -> EngineRe
     """Four victims (decode's sorted free list wraps around), then the over-pool prompt."""
     for i in range(4):
         victim = canaries.prompt(f"victim{i}", 600, tenant=i + 1)
-        result = await engine.generate(engine.request(victim.rid, victim.input_ids, 64))
+        result = await engine.generate(engine.request(victim.rid, victim.input_ids, 17))
         assert result.status == 200
         assert canaries.owners(result.text) == {victim.rid}
     attacker = canaries.prompt("attacker", 900)  # prefill's limit is 650, decode's 1018

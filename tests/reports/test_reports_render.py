@@ -14,6 +14,7 @@ from run_journals import PLANTED_FOREIGN_TEXT, PLANTED_KEY_ENV, PLANTED_KEY_VALU
 
 from harness.errors import ConfigError
 from harness.finding import Finding, FindingKind, Severity
+from reports import findings as findings_module
 from reports import plots
 from reports import render as render_module
 from reports.html import highlight
@@ -248,3 +249,16 @@ def test_a_directory_without_a_journal_is_a_config_error(tmp_path: Path) -> None
         render_run(tmp_path)
     with pytest.raises(ConfigError, match="not a directory"):
         render_run(tmp_path / "missing")
+
+
+def test_long_runs_list_some_findings_and_count_the_rest(
+    record: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(findings_module, "MAX_LISTED_FINDINGS", 3)
+    result = render_run(record("vulnerable"))
+    assert "1 more finding(s) are not listed here" in result.paths["html"].read_text()
+    assert "1 more finding(s) not listed here" in result.paths["md"].read_text()
+    junit = result.paths["junit"].read_text()
+    assert junit.count('classname="kvcanary.findings.') == 3
+    assert 'name="findings not listed individually"' in junit
+    assert len(list(result.paths["evidence"].iterdir())) == 4  # evidence keeps every finding
