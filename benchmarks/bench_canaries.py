@@ -134,6 +134,14 @@ def bench_scan() -> list[str]:
         return hits + len(scanner.finish())
 
     num_hits = scan(text, 1 << 20)
+    # a response that quotes a whole laced prompt: every canary in it is a hit
+    laced = build_prompt(
+        load_tokenizer("cl100k_base"), minter, tenant=1, request=0, num_tokens=NUM_TOKENS
+    )
+    echo_index = CanaryIndex(minter)
+    echo_index.add_many((span.text, Owner("t", "echo")) for span in laced.canaries)
+    echo_hits = len(echo_index.scan(laced.text))
+    assert echo_hits == len(laced.canaries)
     one = live[12345]
 
     def find_loop(body: str = text) -> int:
@@ -150,6 +158,10 @@ def bench_scan() -> list[str]:
         ("kvcanary scanner, 1 MiB chunks", mb / best_of(lambda: scan(text, 1 << 20), 3)),
         ("kvcanary scanner, 4 KiB chunks", mb / best_of(lambda: scan(text, 4096), 3)),
         ("kvcanary scanner, 64-char chunks", mb / best_of(lambda: scan(text, 64), 1)),
+        (
+            f"kvcanary scanner, echo of a laced 1M-token prompt ({echo_hits:,} hits)",
+            len(laced.text) / 1e6 / best_of(lambda: echo_index.scan(laced.text), 3),
+        ),
         (
             "kvcanary scanner, worst case (only canary words)",
             len(words_only) / 1e6 / best_of(lambda: scan(words_only, 1 << 20), 3),

@@ -158,10 +158,13 @@ class CanaryMinter:
                 keys.append(canonical(text, self.num_words))
             except CanaryError:
                 keys.append(None)
-        todo = sorted({k for k in keys if k is not None and k not in self._attributed})
+        known = {k: self._attributed[k] for k in keys if k is not None and k in self._attributed}
+        todo = sorted({k for k in keys if k is not None and k not in known})
         if todo:
-            self._remember(todo, self._decrypt(todo))
-        return [None if k is None else self._attributed[k] for k in keys]
+            fresh = dict(zip(todo, self._decrypt(todo), strict=True))
+            known.update(fresh)
+            self._remember(fresh)
+        return [None if k is None else known[k] for k in keys]
 
     def _decrypt(self, texts: list[str]) -> list[CanaryOrigin | None]:
         digits = np.array([[WORD_INDEX[w] for w in t.split()[1:]] for t in texts], np.int64)
@@ -186,8 +189,8 @@ class CanaryMinter:
             )
         return origins
 
-    def _remember(self, texts: list[str], origins: list[CanaryOrigin | None]) -> None:
-        self._attributed.update(zip(texts, origins, strict=True))
+    def _remember(self, origins: dict[str, CanaryOrigin | None]) -> None:
+        self._attributed.update(origins)
         while len(self._attributed) > _ATTRIBUTE_CACHE_SIZE:
             self._attributed.popitem(last=False)
 

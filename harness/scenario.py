@@ -16,7 +16,7 @@ as text otherwise.
 Every schema error is a `ConfigError` of one line, `FILE:LINE: FIELD: problem`. `tomllib`
 gives line numbers only for syntax errors, so `_key_lines` scans the source text for the
 line where each key (or table header) was written; fields are named like
-`steps[2].sizes` with steps counted from 1.
+`steps[2].sizes` with array items counted from 1.
 
 What it deliberately does not know: how steps are executed (`harness.repro`) or what the
 bundled engine does with its overrides; it only checks override names and types against
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -263,6 +263,20 @@ def load_scenario(path: str | Path, params: Mapping[str, str] | None = None) -> 
     return parse_scenario(text, str(path), params)
 
 
+def resolve_scenario(spec: str, params: Mapping[str, str] | None = None) -> Scenario:
+    """A shipped scenario by name (`kvcanary scenarios` lists them), or a file by path."""
+    from harness.scenarios import shipped_file, shipped_names
+
+    shipped = None if "/" in spec or spec.endswith(".toml") else shipped_file(spec)
+    if shipped is not None:
+        return parse_scenario(shipped.read_text(encoding="utf-8"), str(shipped), params)
+    if not Path(spec).is_file():
+        raise ConfigError(
+            f"no scenario {spec!r}: neither a shipped one ({', '.join(shipped_names())}) nor a file"
+        )
+    return load_scenario(spec, params)
+
+
 def parse_scenario(
     text: str, source: str = "<scenario>", params: Mapping[str, str] | None = None
 ) -> Scenario:
@@ -339,10 +353,12 @@ def _key_lines(text: str) -> dict[Path_, int]:
             key = _KEY.match(line)
             if key:
                 lines.setdefault((*table, *_split_key(key.group(1))), number)
-        code = _STRING.sub('""', line.split("#", 1)[0] if "#" not in line else _code(line))
+        code = _code(line)
         for opener in ('"""', "'''"):
-            if code.count(opener) % 2 == 1:
+            if code.count(opener) % 2 == 1:  # a multi-line string starts here
                 quote = opener
+                code = code[: code.index(opener)]
+        code = _STRING.sub('""', code)
         depth += code.count("[") + code.count("{") - code.count("]") - code.count("}")
         depth = max(depth, 0)
     return lines
@@ -388,7 +404,9 @@ class _Checker:
         self.keys((), doc, _TOP_KEYS)
         params = self.params(doc.get("params", {}))
         values = self.param_values(params, overrides)
-        doc = {k: (v if k == "params" else self.substitute((k,), v, values)) for k, v in doc.items()}
+        doc = {
+            k: (v if k == "params" else self.substitute((k,), v, values)) for k, v in doc.items()
+        }
         for required in ("name", "description", "steps"):
             if required not in doc:
                 self.fail((required,), "missing (every scenario needs name, description, steps)")
@@ -561,9 +579,7 @@ class _Checker:
             self.fail(path, str(exc))
         return TenantsSpec(names, MappingProxyType(keys))
 
-    def api_key_env(
-        self, path: Path_, raw: Any, names: tuple[str, ...]
-    ) -> dict[str, str | None]:
+    def api_key_env(self, path: Path_, raw: Any, names: tuple[str, ...]) -> dict[str, str | None]:
         if raw is None:
             return {}
         if isinstance(raw, str):
@@ -603,8 +619,8 @@ class _Checker:
             if "seconds" not in body:
                 self.fail(path, "missing `seconds`")
             return WaitStep(name, line, self.number((*path, "seconds"), body["seconds"]))
-        send_kind: SendKind = "victims" if kind == "victims" else (
-            "probes" if kind == "probes" else "disconnect"
+        send_kind: SendKind = (
+            "victims" if kind == "victims" else ("probes" if kind == "probes" else "disconnect")
         )
         sizes = self.sizes(path, body, send_kind)
         after_chunks = after_seconds = None
@@ -637,7 +653,7 @@ class _Checker:
     def sizes(self, path: Path_, body: dict[str, Any], kind: SendKind) -> tuple[SizeSpec, ...]:
         key = "size" if kind == "disconnect" else "sizes"
         if key not in body:
-            self.fail(path, f"missing `{key}` (size expressions such as \"pool+1\")")
+            self.fail(path, f'missing `{key}` (size expressions such as "pool+1")')
         raw = [body[key]] if key == "size" else body[key]
         if not isinstance(raw, list) or not raw:
             self.fail((*path, key), "expected a list of one or more size expressions")
@@ -645,7 +661,7 @@ class _Checker:
         for i, expr in enumerate(raw):
             where: Path_ = (*path, key) if key == "size" else (*path, key, i)
             if isinstance(expr, bool) or not isinstance(expr, str | int | float):
-                self.fail(where, f"expected a size expression such as \"pool+1\", got {expr!r}")
+                self.fail(where, f'expected a size expression such as "pool+1", got {expr!r}')
             text = str(expr)
             try:
                 specs.append(SizeSpec(text.replace(" ", ""), text, INTENTS[kind]))
@@ -734,7 +750,9 @@ def _coerce_param(param: Param, raw: str) -> ParamValue:
             raise ConfigError(f"--param {param.name}={raw}: expected true or false")
     elif isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"--param {param.name}={raw}: expected an integer (default {default})")
+            raise ConfigError(
+                f"--param {param.name}={raw}: expected an integer (default {default})"
+            )
     elif isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"--param {param.name}={raw}: expected a number (default {default})")
@@ -775,16 +793,11 @@ def _kind(value: Any) -> str:
 
 
 def _field(path: Path_) -> str:
-    """`steps[2].sizes[1]` (steps counted from 1, as a person counts them)."""
+    """`steps[2].sizes[1]`: array items counted from 1, as a person counts them."""
     text = ""
-    for i, part in enumerate(path):
+    for part in path:
         if isinstance(part, int):
-            text += f"[{part + 1}]" if path[:i] == ("steps",) else f"[{part}]"
+            text += f"[{part + 1}]"
         else:
             text += f".{part}" if text else part
     return text or "(file)"
-
-
-def iter_steps(scenario: Scenario) -> Iterator[tuple[int, Step]]:
-    """(1-based number, step) in order."""
-    return enumerate(scenario.steps, start=1)

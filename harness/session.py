@@ -17,45 +17,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
-import re
-import secrets
 import signal
 import threading
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
 
-from canaries import TAG, CanaryError, CanaryMinter, CanaryOrigin, Owner, Tokenizer, load_tokenizer
+from canaries import (
+    TAG,
+    CanaryError,
+    CanaryMinter,
+    CanaryOrigin,
+    Owner,
+    RemoteTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
 from harness.arrivals import ClosedLoop, Pacing, PoissonArrivals
 from harness.client import TargetClient, make_http_client
 from harness.detectors.content import ContentDetector
 from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
 from harness.errors import ConfigError, RunIncomplete
-from harness.events import Event, Limits, PlanRecorded, RunStarted
-from harness.journal import JOURNAL_NAME, JournalWarning, JournalWriter, read_journal
+from harness.events import Event, Limits, RunStarted
+from harness.journal import JOURNAL_NAME, JournalWriter
 from harness.limits import limits_from_facts
 from harness.options import format_duration
 from harness.progress import ProgressDisplay
 from harness.run_config import RunConfig
+from harness.run_dir import RunIdentity, prepare_run_dir
 from harness.runner import Budget, Detectors, Runner, RunOutcome, Workload, default_phases
 from harness.server_info import EngineFacts, read_engine_facts
 from tenants.planner import CHAT_INSTRUCTION, Planner, request_id
 from tenants.tenant import Tenant, default_tenants
 from tenants.workload import WorkloadProfile, get_profile
 
-RUNS_DIR = "kvcanary-runs"
 SOAK_CYCLE_S = 600.0
 """A soak repeats fill / probe / abort every this many seconds (shorter soaks: once)."""
 MAX_RESPONSE_BYTES = 1024 * 1024
 
 EXIT_BY_VERDICT = {"leak": 1, "clean": 0, "inconclusive": 3}
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,18 +82,6 @@ class RunResult:
         return EXIT_BY_VERDICT[self.verdict]
 
 
-@dataclass(frozen=True, slots=True)
-class _Identity:
-    """Who this run is: fresh, or the soak it continues."""
-
-    run_id: str
-    seed: int
-    num_previous_requests: int
-    next_request: int
-    """The first request number this session plans (numbering continues on resume)."""
-    resumed: bool
-
-
 def run_session(
     config: RunConfig,
     *,
@@ -103,7 +98,7 @@ def run_session(
     for tenant in tenants:
         tenant.auth_headers()  # a missing credential variable is a usage error, before any I/O
     profile = get_profile(config.profile)
-    out_dir, identity = _prepare_out_dir(config)
+    out_dir, identity = prepare_run_dir(config)
     display = ProgressDisplay(
         num_requests=config.num_requests, duration_s=config.duration, file=file, live=live
     )
@@ -154,76 +149,6 @@ def _render(
     )
 
 
-# -- output directory and resume -------------------------------------------------------
-
-
-def default_out_dir(now: datetime | None = None) -> Path:
-    """`./kvcanary-runs/<UTC timestamp>`, made unique if two runs start in one second."""
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(RUNS_DIR) / stamp
-    suffix = 1
-    while path.exists():
-        path = Path(RUNS_DIR) / f"{stamp}-{suffix}"
-        suffix += 1
-    return path
-
-
-def _prepare_out_dir(config: RunConfig) -> tuple[Path, _Identity]:
-    out_dir = Path(config.out) if config.out is not None else default_out_dir()
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} exists and is not a directory")
-    if (out_dir / JOURNAL_NAME).exists() or any(out_dir.glob("journal.*.jsonl")):
-        if config.command != "soak":
-            raise ConfigError(
-                f"--out {out_dir} already holds a run; choose another directory "
-                f"(a soak can be resumed with `kvcanary soak --out {out_dir}`)"
-            )
-        return out_dir, _resume(out_dir, config)
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
-    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
-    return out_dir, _Identity(run_id, seed, 0, 0, resumed=False)
-
-
-def _resume(out_dir: Path, config: RunConfig) -> _Identity:
-    started: RunStarted | None = None
-    num_plans = next_request = 0
-    with warnings.catch_warnings():
-        # a torn last line is what a killed soak leaves; it is expected here
-        warnings.simplefilter("ignore", JournalWarning)
-        for event in read_journal(out_dir):
-            if isinstance(event, RunStarted):
-                started = started or event
-            elif isinstance(event, PlanRecorded):
-                num_plans += 1
-                number = re.search(r"(\d+)$", event.plan.request_id)
-                if number is not None:
-                    next_request = max(next_request, int(number.group(1)) + 1)
-    if started is None:
-        raise ConfigError(f"--out {out_dir}: its journal has no run_started record to resume")
-    mismatches = []
-    recorded = _target_key(started.settings)
-    if recorded != _target_key(config.to_record()):
-        mismatches.append(f"target {recorded}")
-    if config.seed is not None and config.seed != started.seed:
-        mismatches.append(f"seed {started.seed}")
-    if mismatches and not config.force:
-        raise ConfigError(
-            f"--out {out_dir} holds a run with {' and '.join(mismatches)}; use another --out, "
-            "or --force to continue it anyway"
-        )
-    seed = config.seed if config.seed is not None else started.seed
-    return _Identity(started.run_id, seed, num_plans, max(next_request, num_plans), resumed=True)
-
-
-def _target_key(settings: dict[str, Any]) -> str:
-    """What a resumed soak must match: the target URL, or the bundled engine and its fixes."""
-    if settings.get("target"):
-        return str(settings["target"])
-    fixes = "+".join(settings.get("engine_fix") or ())
-    return f"bundled engine {settings.get('engine_preset')}" + (f" ({fixes})" if fixes else "")
-
-
 # -- the run itself --------------------------------------------------------------------
 
 
@@ -231,7 +156,7 @@ async def _run(
     config: RunConfig,
     base_url: str,
     out_dir: Path,
-    identity: _Identity,
+    identity: RunIdentity,
     tenants: list[Tenant],
     profile: WorkloadProfile,
     display: ProgressDisplay,
@@ -258,7 +183,9 @@ async def _run(
             f"tokens, context {limits.context_tokens}, page {limits.page_size} "
             f"[{limits.source}]"
         )
-        planner = await _planner(config, http, base_url, model, tenants, profile, limits, identity)
+        planner = await _planner(
+            config, http, base_url, model, tenants, profile, limits, identity, display
+        )
         detectors = Detectors(
             ContentDetector(planner.index, redact_excerpts=not config.keep_raw_evidence),
             ProtocolDetector(limits),
@@ -341,22 +268,26 @@ async def _planner(
     tenants: list[Tenant],
     profile: WorkloadProfile,
     limits: Limits,
-    identity: _Identity,
+    identity: RunIdentity,
+    display: ProgressDisplay,
 ) -> Planner:
-    try:
-        tokenizer = load_tokenizer(config.tokenizer)
-    except CanaryError as exc:
-        raise ConfigError(f"--tokenizer {config.tokenizer}: {exc}") from None
+    tokenizer, remote = await _tokenizer(config, http, base_url, model, tenants[0])
+    if remote is not None:
+        display.note(
+            "tokenizer: the target's own; the first plan waits for a few thousand tokenize "
+            "requests that measure the canary pieces once"
+        )
     chat_overhead = 0
     if config.api == "chat":
-        chat_overhead = await _chat_overhead(http, base_url, model, tokenizer, tenants[0])
+        chat_overhead = await _chat_overhead(http, base_url, model, tokenizer, remote, tenants[0])
     # A given seed makes the whole run reproducible, canary key included; without one the
     # key is random and never leaves this process.
     if config.seed is not None:
         minter = CanaryMinter.from_seed(identity.seed, identity.run_id)
     else:
         minter = CanaryMinter.random()
-    planner = Planner(
+    planner = await asyncio.to_thread(  # may count tokens, which a server tokenizer needs
+        Planner,
         tenants,
         profile,
         tokenizer,
@@ -372,6 +303,65 @@ async def _planner(
     return planner
 
 
+async def _tokenizer(
+    config: RunConfig, http: httpx.AsyncClient, base_url: str, model: str, tenant: Tenant
+) -> tuple[Tokenizer, RemoteTokenizer | None]:
+    """The tokenizer prompts are measured in, and the target's own when that is the one."""
+    if config.tokenizer != "server":
+        try:
+            return load_tokenizer(config.tokenizer), None
+        except CanaryError as exc:
+            raise ConfigError(f"--tokenizer {config.tokenizer}: {exc}") from None
+    remote = RemoteTokenizer(http, base_url, headers=tenant.auth_headers(), model=model)
+    try:
+        await remote.count(" probe")  # learn the route now, so a missing one is a clear error
+    except (CanaryError, httpx.HTTPError) as exc:
+        raise ConfigError(
+            f"--tokenizer server: {base_url} has no usable /v1/tokenize or /tokenize route "
+            f"({exc}); give a tokenizer name or a tokenizer.json path"
+        ) from None
+    return ServerTokenizer(remote, asyncio.get_running_loop(), base_url), remote
+
+
+class ServerTokenizer:
+    """The target's tokenizer (`canaries.RemoteTokenizer`) behind the planner's synchronous
+    `Tokenizer` interface.
+
+    Each call blocks its thread on a coroutine run by the session's event loop, so calls
+    must come from another thread: the runner builds plans in a worker thread. Counting is
+    all prompt building needs; `decode` is not offered by a tokenize route.
+    """
+
+    vocab_size = 0
+    """Unknown over HTTP; with `name` it only keys the per-tokenizer cost cache."""
+
+    def __init__(
+        self, remote: RemoteTokenizer, loop: asyncio.AbstractEventLoop, base_url: str
+    ) -> None:
+        self.name = f"server:{base_url}"
+        self._remote = remote
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def encode(self, text: str) -> list[int]:
+        return self._wait(self._remote.encode(text))
+
+    def count(self, text: str) -> int:
+        return self._wait(self._remote.count(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise CanaryError("the target's tokenize route counts tokens; it cannot decode them")
+
+    def _wait(self, call: Coroutine[Any, Any, T]) -> T:
+        assert threading.get_ident() != self._loop_thread, "would block the loop it waits on"
+        try:
+            return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+        except httpx.HTTPError as exc:
+            raise RunIncomplete(f"the target's tokenize route failed: {exc!r}") from None
+        except CanaryError as exc:
+            raise RunIncomplete(f"the target's tokenize route failed: {exc}") from None
+
+
 def _owner_of(tenants: list[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
     """Attribute a canary that left the live index, from its decoded origin."""
 
@@ -384,13 +374,23 @@ def _owner_of(tenants: list[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
 
 
 async def _chat_overhead(
-    http: httpx.AsyncClient, base_url: str, model: str, tokenizer: Tokenizer, tenant: Tenant
+    http: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    tokenizer: Tokenizer,
+    remote: RemoteTokenizer | None,
+    tenant: Tenant,
 ) -> int:
-    """Tokens the target's chat template adds around a planned message, from its usage.
+    """Tokens the target's chat template adds around a planned message.
 
-    The probe message starts and ends like every planned chat prompt (a canary tag, then
-    the planner's instruction), so the template's boundary tokens are the same.
+    vLLM's tokenize route renders the template itself. Otherwise one tiny chat request is
+    sent and its `usage.prompt_tokens` compared with the message's own count; the message
+    starts and ends like every planned chat prompt (a canary tag, then the planner's
+    instruction), so the template's boundary tokens are the same.
     """
+    if remote is not None:
+        with contextlib.suppress(CanaryError, httpx.HTTPError):
+            return await remote.chat_overhead(model)
     message = f" {TAG}{CHAT_INSTRUCTION}"
     body = {
         "model": model,
@@ -401,13 +401,13 @@ async def _chat_overhead(
     url = f"{base_url.rstrip('/')}/v1/chat/completions"
     try:
         response = await http.post(url, json=body, headers=tenant.auth_headers())
-        prompt_tokens = response.json()["usage"]["prompt_tokens"]
+        prompt_tokens = int(response.json()["usage"]["prompt_tokens"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(
-            f"cannot measure the chat template's size at {url} ({type(exc).__name__}); "
-            "use --api completions"
+            f"cannot measure the chat template's size at {url} ({type(exc).__name__}: no "
+            "usage in its answer); use --api completions"
         ) from None
-    overhead = int(prompt_tokens) - tokenizer.count(message)
+    overhead = prompt_tokens - await asyncio.to_thread(tokenizer.count, message)
     if overhead < 0:
         raise ConfigError(
             f"{url} counts fewer tokens than --tokenizer {tokenizer.name} does; "
@@ -422,7 +422,7 @@ def _run_started(
     model: str,
     limits: Limits,
     tenants: list[Tenant],
-    identity: _Identity,
+    identity: RunIdentity,
     planner: Planner,
 ) -> RunStarted:
     from importlib import metadata

@@ -117,6 +117,8 @@ class DecodeScheduler:
     def _commit_problem(self, req: Req, checksum: Checksum) -> FinishAbort | None:
         status = req.transfer_status
         assert status is not None
+        if status.rejected:
+            return finish.rejected_by_prefill(req.rid)
         if status.poll != KVPoll.SUCCESS or status.first_token_id is None:
             return finish.transfer_failed(req.rid, req.room)
         if status.room != req.room:

@@ -106,6 +106,14 @@ def transfer_failed(rid: str, room: int) -> FinishAbort:
     return internal_error(f"KV transfer failed for request rid={rid} bootstrap_room={room}")
 
 
+def rejected_by_prefill(rid: str) -> FinishAbort:
+    """Decode's answer when prefill retired the request at admission (`admission_retire`)."""
+    return bad_request(
+        f"Request {rid} was rejected at admission by the prefill server: "
+        "the input exceeds its maximum allowed length"
+    )
+
+
 def bootstrap_timeout(rid: str, room: int) -> FinishAbort:
     return internal_error(f"Bootstrap timed out for request rid={rid} bootstrap_room={room}")
 

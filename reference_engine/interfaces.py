@@ -146,6 +146,9 @@ class TransferStatus:
     checksum: int | None = None
     """Published only with the `kv_checksum` fix (SGLang #39500)."""
     aborted: bool = False
+    rejected: bool = False
+    """Prefill retired the request at admission with a 400 (the `admission_retire` fix):
+    decode answers 400 too, so the client sees the rejection rather than a transfer error."""
 
 
 class PageSink(Protocol):

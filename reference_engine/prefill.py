@@ -70,8 +70,9 @@ class PrefillServer(SideBase):
         else:
             r.finish_abort(rejection)
         if r.is_finished:  # tell decode now (SGLang #38704's before-send failure notice)
-            await self.transfer.conclude(TransferStatus(r.room, KVPoll.FAILED))
             assert r.finished is not None
+            rejected = r.finished.status == 400  # a client error, not an engine failure
+            await self.transfer.conclude(TransferStatus(r.room, KVPoll.FAILED, rejected=rejected))
             return r.finished
         answer = asyncio.get_running_loop().create_future()
         self._answers[r.rid] = answer

@@ -10,7 +10,6 @@ What it does not know: KV contents, tensors, or which queue holds it (the schedu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from reference_engine.finish import FinishAbort
@@ -69,9 +68,6 @@ class Req:
     @property
     def is_finished(self) -> bool:
         return self.finished is not None
-
-    def num_pages_for(self, num_tokens: int, page_size: int) -> int:
-        return math.ceil(num_tokens / page_size)
 
     def set_finish_with_abort(self, abort: FinishAbort) -> None:
         """SGLang: swap the prompt for a one-token placeholder and defer the abort."""

@@ -70,6 +70,7 @@ class _Flag:
     NUM_WRITTEN = 2
     CHECKSUM = 4
     ABORTED = 8
+    REJECTED = 16
 
 
 class ProtocolError(Exception):
@@ -101,6 +102,7 @@ def encode_status(status: TransferStatus) -> bytes:
         | (_Flag.NUM_WRITTEN if status.num_tokens_written is not None else 0)
         | (_Flag.CHECKSUM if status.checksum is not None else 0)
         | (_Flag.ABORTED if status.aborted else 0)
+        | (_Flag.REJECTED if status.rejected else 0)
     )
     body = _STATUS.pack(
         int(status.poll),
@@ -123,6 +125,7 @@ def decode_status(room: int, body: bytes) -> TransferStatus:
         num_tokens_written=num_written if flags & _Flag.NUM_WRITTEN else None,
         checksum=checksum if flags & _Flag.CHECKSUM else None,
         aborted=bool(flags & _Flag.ABORTED),
+        rejected=bool(flags & _Flag.REJECTED),
     )
 
 

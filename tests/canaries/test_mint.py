@@ -65,6 +65,13 @@ def test_batch_minting_equals_one_at_a_time(minter: CanaryMinter) -> None:
     assert origins == [CanaryOrigin(9, 1234, i) for i in range(40)]
 
 
+def test_attributing_more_canaries_than_the_cache_holds(minter: CanaryMinter) -> None:
+    canaries = minter.mint_many(3, 3, range(70_000))  # more than the 65,536 remembered
+    origins = minter.attribute_many(canaries)
+    assert [o.index if o else -1 for o in origins] == list(range(70_000))
+    assert minter.attribute(canaries[0]) == CanaryOrigin(3, 3, 0)
+
+
 def test_other_runs_canaries_are_not_attributed(
     minter: CanaryMinter, other_minter: CanaryMinter
 ) -> None:

@@ -91,6 +91,9 @@ async def test_admission_retire_answers_prefill_with_sglangs_400(
     assert error["message"].startswith(
         "Input length (900 tokens) exceeds the maximum allowed length (650 tokens)."
     )
+    # decode learns of the rejection through the transfer status, so the client gets 400 too
+    assert result.status == 400
+    assert result.token_ids == ()
 
 
 async def test_pools_that_cover_the_context_serve_the_same_prompt_honestly(
