@@ -34,14 +34,16 @@ and k is the smallest value that keeps this at or below 1e-9 for the index's des
 limits, V <= max_live = 2**20 and L <= max_response_chars = 2**22 (4 MiB). That gives
 k = 6 for w = 6 or 7 (6 words: all six, 5.3e-10), k = 7 for w = 8..10. Longer canaries
 thus tolerate more lost words (3 of 10 at w = 10, plus the tag). An index holding more
-than max_live canaries refuses more (CanaryError) rather than silently weaken the bound.
+than max_live canaries refuses more (CanaryError) rather than silently weaken the bound;
+a response longer than max_response_chars gets the bound per max_response_chars.
 
 Speed: for ASCII text, a scan is two `str.translate` and two `str.find` passes, so it does
 not depend on the number of live canaries; lookups happen only at candidates. Memory is
-bounded: the scanner keeps a tail of HOLDBACK + MAX_MATCH characters and scans in blocks
-of SCAN_BLOCK characters (so hits of a block arrive once enough text follows them, or at
-`finish()`). A disguised canary spanning more than MAX_MATCH original characters, or
-followed by more than HOLDBACK deleted characters, may be missed.
+bounded: the scanner keeps a tail of HOLDBACK + MAX_MATCH characters and scans once
+`scan_block` new characters have arrived (SCAN_BLOCK, 32 KiB, by default), so hits arrive
+once enough text follows them, or at `finish()`. A disguised canary spanning more than
+MAX_MATCH original characters, or followed by more than HOLDBACK deleted characters, may
+be missed.
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class CanaryIndex:
         if not found:
             return []
         complete = [m.canary for _, _, m in found if m.complete]
-        origins = dict(zip(complete, self.minter.attribute_many(complete), strict=True))
+        origins = dict(zip(complete, self.minter.attribute_canonical(complete), strict=True))
         hits = []
         for start, end, match in sorted(found, key=lambda item: item[:2]):
             text = buffer[start:end]
@@ -212,23 +214,30 @@ class CanaryIndex:
         while position >= 0:
             run = _TAG_RUN.match(folded, position + len(TAG))
             if position > 0 and folded[position - 1] == " " and run is not None:
-                match = self._tag_match(folded, position, run.group())
+                match = self._tag_match(folded, position, run)
                 if match is not None:
                     matches.append(match)
             position = folded.find(TAG, position + 1)
         return matches
 
-    def _tag_match(self, folded: str, position: int, run: str) -> _Match | None:
-        words = run.split()
-        num_known = next((i for i, w in enumerate(words) if w not in WORD_INDEX), len(words))
-        num_used = min(num_known, self.minter.num_words)
+    def _tag_match(self, folded: str, position: int, run: re.Match[str]) -> _Match | None:
+        words = run.group().split()
+        num_words = self.minter.num_words
+        if all(map(WORD_INDEX.__contains__, words)):
+            num_known = len(words)
+        else:
+            num_known = next(i for i, w in enumerate(words) if w not in WORD_INDEX)
+        num_used = min(num_known, num_words)
         if num_used < MIN_WORDS:
             return None
-        end = position + len(TAG)
-        for word in words[:num_used]:  # only spaces separate them in folded text
-            end = folded.index(word, end) + WORD_LENGTH
+        if num_used == len(words):
+            end = run.end()
+        else:  # the canary stops before the run does; only spaces separate its words
+            end = position + len(TAG)
+            for word in words[:num_used]:
+                end = folded.index(word, end) + WORD_LENGTH
         canary = " ".join([TAG, *words[:num_used]])
-        return _Match(position, end, "normalized", canary, num_used == self.minter.num_words)
+        return _Match(position, end, "normalized", canary, num_used == num_words)
 
     def _fragment_matches(self, folded: str, tags: list[_Match]) -> list[_Match]:
         k = self.fragment_words

@@ -158,6 +158,11 @@ class CanaryMinter:
                 keys.append(canonical(text, self.num_words))
             except CanaryError:
                 keys.append(None)
+        return self.attribute_canonical(keys)
+
+    def attribute_canonical(self, keys: Sequence[str | None]) -> list[CanaryOrigin | None]:
+        """`attribute_many` for texts already in canonical form with `num_words` words
+        (None entries stay None); what a scanner that validated its matches calls."""
         known = {k: self._attributed[k] for k in keys if k is not None and k in self._attributed}
         todo = sorted({k for k in keys if k is not None and k not in known})
         if todo:

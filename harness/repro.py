@@ -1,4 +1,4 @@
-"""`kvcanary repro`: run a scenario's ordered steps, then judge the findings against its expectation.
+"""`kvcanary repro`: run a scenario's ordered steps, then judge what was found against it.
 
 The wiring is `kvcanary run`'s (see `harness.session`): tenants and their credential
 variables first; the target, or the scenario's bundled engine on a free loopback port; the
@@ -64,10 +64,11 @@ from harness.journal import JOURNAL_NAME, JournalWriter
 from harness.limits import limits_from_facts
 from harness.observation import Observation
 from harness.progress import ProgressDisplay
+from harness.run_dir import default_out_dir
 from harness.runner import Budget, Detectors, Phase, Runner, RunOutcome, Sender, Workload
 from harness.scenario import EngineSpec, Expectation, Scenario, SendStep, Step, WaitStep
 from harness.server_info import read_engine_facts
-from harness.session import MAX_RESPONSE_BYTES, default_out_dir
+from harness.session import MAX_RESPONSE_BYTES
 from tenants.plan import RequestPlan
 from tenants.planner import Planner
 from tenants.tenant import Tenant
@@ -341,7 +342,7 @@ async def _run(
         seed = scenario.seed
         seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
         run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
-        planner = await _planner(scenario, http, base_url, model, tenants, limits, seed, run_id)
+        planner = _planner(scenario, tenants, limits, seed, run_id)
         client = TargetClient(
             http,
             base_url,
@@ -349,7 +350,7 @@ async def _run(
             max_response_bytes=MAX_RESPONSE_BYTES,
             deadline_s=scenario.client.timeout_s,
         )
-        out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
         journal = JournalWriter(out_dir / JOURNAL_NAME)
 
         def emit(event: Event) -> None:
@@ -395,11 +396,8 @@ def _check_sizes(scenario: Scenario, limits: Limits) -> None:
                 raise ConfigError(f"{scenario.where(step, key)}: {exc}") from None
 
 
-async def _planner(
+def _planner(
     scenario: Scenario,
-    http: httpx.AsyncClient,
-    base_url: str,
-    model: str,
     tenants: list[Tenant],
     limits: Limits,
     seed: int,
@@ -412,11 +410,6 @@ async def _planner(
         raise ConfigError(
             f"{scenario.source}: [client] tokenizer {client.tokenizer}: {exc}"
         ) from None
-    chat_overhead = 0
-    if client.api == "chat":
-        from harness.session import _chat_overhead  # one measurement, shared with `run`
-
-        chat_overhead = await _chat_overhead(http, base_url, model, tokenizer, tenants[0])
     sizes = {kind: [s for step in scenario.send_steps if step.kind == kind for s in step.sizes]
              for kind in ("victims", "probes", "disconnect")}  # fmt: skip
     profile = WorkloadProfile(
@@ -434,10 +427,9 @@ async def _planner(
         tokenizer,
         minter,
         limits,
-        api=client.api,
+        api="completions",
         page_size=limits.page_size,
         seed=seed,
-        chat_overhead_tokens=chat_overhead,
     )
 
 
@@ -457,7 +449,7 @@ def _run_started(
         run_id=run_id,
         target=base_url,
         model=model,
-        api=scenario.client.api,
+        api="completions",
         limits=limits,
         tenants=tuple(t.to_record() for t in tenants),
         seed=seed,

@@ -103,9 +103,8 @@ class EngineSpec:
 
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
-    """How requests are sent: endpoint style, model, tokenizer, per-request timeout."""
+    """How requests are sent (to `/v1/completions`, for exact prompt token counts)."""
 
-    api: Literal["chat", "completions"] = "completions"
     model: str | None = None
     """None: the first model the target lists at /v1/models."""
     tokenizer: str = "cl100k_base"
@@ -243,7 +242,6 @@ class Scenario:
             **{f"param.{name}": value for name, value in self.param_values.items()},
             "engine_preset": self.engine.preset if self.engine else None,
             "engine_fix": ",".join(self.engine.fixes) if self.engine else None,
-            "api": self.client.api,
             "seed": self.seed,
         }
 
@@ -529,14 +527,10 @@ class _Checker:
     def client(self, raw: Any) -> ClientSpec:
         path: Path_ = ("client",)
         body = self.table(path, raw)
-        self.keys(path, body, ("api", "model", "tokenizer", "timeout_s"))
-        api = self.string((*path, "api"), body.get("api", "completions"))
-        if api not in ("chat", "completions"):
-            self.fail((*path, "api"), f"{api!r}: expected chat or completions")
+        self.keys(path, body, ("model", "tokenizer", "timeout_s"))
         model = self.string((*path, "model"), body.get("model", DISCOVER))
         timeout = self.number((*path, "timeout_s"), body.get("timeout_s", 120.0))
         return ClientSpec(
-            api="chat" if api == "chat" else "completions",
             model=None if model == DISCOVER else model,
             tokenizer=self.string((*path, "tokenizer"), body.get("tokenizer", "cl100k_base")),
             timeout_s=timeout,

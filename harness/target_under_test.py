@@ -1,0 +1,316 @@
+"""The target a pytest session tests, and the runs made against it.
+
+A target is a remote deployment (`--kvcanary-target URL`) or the bundled reference engine,
+started on first use (`--kvcanary-engine PRESET`, in separate processes, as `kvcanary run`
+starts it) and stopped when the session ends. Every run starts from one resolved `RunConfig`
+(flags over ini over config file over defaults) plus per-run overrides, runs through
+`harness.session.run_session` into its own directory under the session's output directory,
+and is read back into a `WorkloadResult`: findings, the requests table, `summary.json`, the
+verdict.
+
+`SuiteEvidence` makes the built-in suite's evidence (see `harness.checks`) once per session
+and hands the same object to every check that reads it; a run that could not complete is
+remembered and reported to each of its checks, never retried.
+
+It deliberately knows nothing about pytest: the plugin turns `KvcanaryError`s into failures
+and an unconfigured target into skips. Heavy imports (the session, pandas, the engine) happen
+inside methods, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from harness.errors import ConfigError, KvcanaryError, RunIncomplete
+from harness.finding import Finding, FindingKind
+from harness.options import OPTIONS_BY_NAME, options_for
+from harness.run_config import RunConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from harness.audit import AuditResult
+    from harness.checks import Evidence
+
+SUITE_NUM_REQUESTS = 32
+"""Requests in the suite's incident run unless --kvcanary-requests/--kvcanary-duration say
+otherwise: enough for fill, every probe size up to `context` and a few disconnects."""
+SUITE_MIN_CONCURRENCY = 4
+"""Requests in flight, at least, in the suite's below-limits run (check 4's load)."""
+BUNDLED_CONCURRENCY = 1
+"""The bundled engine's incident run goes one request at a time (as `kvcanary run` does):
+on a small CPU machine that keeps its TTFT clean enough for the timing check."""
+RUN_OVERRIDES = frozenset(
+    option.name for option in options_for("plugin")
+) - {"target", "engine_preset", "engine_fix"}
+"""Settings a `kvcanary_run(...)` call may override (the target is the session's)."""
+_EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
+_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class RunWorkload(Protocol):
+    """The `kvcanary_run` fixture: run a workload against the target, with overrides."""
+
+    def __call__(self, **overrides: Any) -> WorkloadResult: ...
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """One finished run, read back from its journal and reports."""
+
+    label: str
+    out_dir: Path
+    verdict: str
+    """`leak`, `clean` or `inconclusive` (summary.json's verdict)."""
+    reasons: tuple[str, ...]
+    summary: dict[str, Any]
+    """summary.json as a dict."""
+    findings: list[Finding]
+    observations: pd.DataFrame
+    """One row per request (`reports.frames` requests table): plan, status, TTFT, usage."""
+    findings_table: pd.DataFrame
+    ended: str
+    """How the run ended (`completed`, `duration`, `interrupted`, `error`)."""
+
+    def of_kind(self, *kinds: FindingKind | str) -> list[Finding]:
+        """The findings of these kinds (all findings when none is given)."""
+        wanted = {str(kind) for kind in kinds}
+        return [f for f in self.findings if not wanted or str(f.kind) in wanted]
+
+    @property
+    def report(self) -> Path:
+        return self.out_dir / "report.html"
+
+
+class TargetUnderTest:
+    """The session's target, its bundled engine if one was asked for, and every run made."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        engine: str | None = None,
+        engine_fixes: tuple[str, ...] = (),
+        out_root: Path | None = None,
+    ) -> None:
+        if engine is not None and config.target is not None:
+            raise ConfigError("give --kvcanary-target or --kvcanary-engine, not both")
+        fixes = tuple(dict.fromkeys((*config.engine_fix, *engine_fixes)))
+        if fixes and engine is None:
+            raise ConfigError("--kvcanary-engine-fix needs --kvcanary-engine=PRESET")
+        # the engine is this object's business, not the runs': each run sees only its URL
+        self.config = dataclasses.replace(
+            config, engine_fix=(), engine_preset=OPTIONS_BY_NAME["engine_preset"].default
+        )
+        self.engine = engine
+        self.engine_fixes = fixes
+        self._out_root = out_root if out_root is not None else _path(config.out)
+        self._base_url = config.target
+        self._failure: str | None = None
+        self._stack = contextlib.ExitStack()
+        self._labels: Counter[str] = Counter()
+        self.runs: list[WorkloadResult] = []
+        self.audits: list[AuditResult] = []
+
+    @property
+    def configured(self) -> bool:
+        return self.config.target is not None or self.engine is not None
+
+    @property
+    def bundled(self) -> bool:
+        return self.engine is not None
+
+    def describe(self) -> str:
+        if self.engine is None:
+            return str(self.config.target)
+        fixes = f" + {', '.join(self.engine_fixes)}" if self.engine_fixes else ""
+        where = f" at {self._base_url}" if self._base_url else ""
+        return f"the bundled reference engine ({self.engine}{fixes}){where}"
+
+    @property
+    def base_url(self) -> str:
+        """The target's URL; the bundled engine is started on first use."""
+        if self._base_url is None:
+            self.start()
+        assert self._base_url is not None
+        return self._base_url
+
+    def start(self) -> None:
+        """Start the bundled engine (once); a failure is remembered and raised every time."""
+        if self._failure is not None:
+            raise RunIncomplete(self._failure)
+        if self._base_url is not None:
+            return
+        if self.engine is None:
+            raise ConfigError("no kvcanary target: pass --kvcanary-target=URL or --kvcanary-engine")
+        from reference_engine.server.launch import running_engine
+
+        try:
+            handle = self._stack.enter_context(
+                running_engine(self.engine, fixes=self.engine_fixes, processes=True)
+            )
+        except KvcanaryError as exc:
+            self._failure = f"the bundled engine ({self.engine}) cannot start: {exc}"
+            raise RunIncomplete(self._failure) from None
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            self._failure = f"the bundled engine ({self.engine}) did not start: {exc}"
+            raise RunIncomplete(self._failure) from None
+        self._base_url = str(handle.base_url)
+
+    def close(self) -> None:
+        """Stop the bundled engine, if it was started (idempotent)."""
+        self._stack.close()
+
+    @property
+    def out_root(self) -> Path:
+        """Where this session's runs go: --kvcanary-out, else ./kvcanary-runs/<timestamp>."""
+        if self._out_root is None:
+            from harness.session import default_out_dir
+
+            self._out_root = default_out_dir()
+        return self._out_root
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def run_config(self, label: str, overrides: dict[str, Any]) -> RunConfig:
+        """The settings of one run: the session's, with `overrides`, into its own directory."""
+        unknown = sorted(set(overrides) - RUN_OVERRIDES)
+        if unknown:
+            raise ConfigError(
+                f"kvcanary_run() got unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(RUN_OVERRIDES))}"
+            )
+        values: dict[str, Any] = {}
+        for name, value in overrides.items():
+            for pair in _EXCLUSIVE:
+                if name in pair:
+                    values.update({other: None for other in pair if other not in overrides})
+            try:
+                values[name] = None if value is None else OPTIONS_BY_NAME[name].coerce(value)
+            except ValueError as exc:
+                raise ConfigError(f"kvcanary_run({name}={value!r}): {exc}") from None
+        out_dir = self._run_dir(label)
+        return dataclasses.replace(self.config, target=self.base_url, out=str(out_dir), **values)
+
+    def run(self, label: str, **overrides: Any) -> WorkloadResult:
+        """Run a workload against the target and read it back. Raises `KvcanaryError`."""
+        from harness.session import run_session
+
+        config = self.run_config(label, overrides)
+        out_dir = Path(str(config.out))
+        out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with (out_dir / "progress.log").open("w", encoding="utf-8") as log:
+            result = run_session(config, file=log, live=False)
+        workload = read_result(
+            result.out_dir, label=label, verdict=result.verdict, ended=result.outcome.reason
+        )
+        self.runs.append(workload)
+        return workload
+
+    def audit(self) -> AuditResult:
+        """The pool-versus-context audit of the target (no probe request)."""
+        import httpx
+
+        from harness.audit import run_audit
+        from tenants.tenant import default_tenants
+
+        headers = default_tenants(1, self.config.api_key_env)[0].auth_headers()
+
+        async def audit() -> AuditResult:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:
+                return await run_audit(client, target=self.base_url, headers=headers)
+
+        result = asyncio.run(audit())
+        if not result.facts.reachable:
+            raise RunIncomplete(f"cannot reach the target at {self.base_url} for the audit")
+        self.audits.append(result)
+        return result
+
+    def _run_dir(self, label: str) -> Path:
+        name = _LABEL_CHARS.sub("-", label).strip("-.") or "run"
+        self._labels[name] += 1
+        if self._labels[name] > 1:
+            name = f"{name}-{self._labels[name]}"
+        path = self.out_root / name
+        while (path / "journal.jsonl").exists():  # an --out reused across sessions
+            self._labels[name] += 1
+            path = self.out_root / f"{name}-{self._labels[name]}"
+        return path
+
+
+def read_result(out_dir: Path, *, label: str, verdict: str, ended: str) -> WorkloadResult:
+    """A finished run's findings, tables and summary, from its directory."""
+    from harness.events import FindingRecorded
+    from harness.journal import read_journal
+    from reports.frames import load_frames
+    from reports.summary import compute_summary
+
+    findings = [e.finding for e in read_journal(out_dir) if isinstance(e, FindingRecorded)]
+    frames = load_frames(out_dir)
+    summary_path = out_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    else:  # its renderer failed; the same document, computed here
+        summary = compute_summary(frames)
+    return WorkloadResult(
+        label=label,
+        out_dir=out_dir,
+        verdict=verdict,
+        reasons=tuple(str(r) for r in summary.get("verdict_reasons", ())),
+        summary=summary,
+        findings=findings,
+        observations=frames.requests,
+        findings_table=frames.findings,
+        ended=ended,
+    )
+
+
+class SuiteEvidence:
+    """The built-in suite's runs and audit, each made once per session, on first need."""
+
+    def __init__(self, target: TargetUnderTest) -> None:
+        self.target = target
+        self._made: dict[Evidence, WorkloadResult | AuditResult | KvcanaryError] = {}
+
+    def get(self, evidence: Evidence) -> WorkloadResult | AuditResult:
+        """The evidence, made now if needed; raises the `KvcanaryError` that stopped it."""
+        if evidence not in self._made:
+            try:
+                self._made[evidence] = self._make(evidence)
+            except KvcanaryError as exc:
+                self._made[evidence] = exc
+        made = self._made[evidence]
+        if isinstance(made, KvcanaryError):
+            raise made
+        return made
+
+    def _make(self, evidence: Evidence) -> WorkloadResult | AuditResult:
+        if evidence == "audit":
+            return self.target.audit()
+        config, overrides = self.target.config, {}
+        budget_given = config.requests is not None or config.duration is not None
+        if evidence == "incident":
+            overrides["profile"] = "incident"
+            if not budget_given:
+                overrides["requests"] = SUITE_NUM_REQUESTS
+            if self.target.bundled and config.concurrency is None and config.rate is None:
+                overrides["concurrency"] = BUNDLED_CONCURRENCY
+        else:
+            overrides["profile"] = "below"
+            if not budget_given:
+                overrides["requests"] = SUITE_NUM_REQUESTS // 2
+            if config.rate is None:
+                overrides["concurrency"] = max(SUITE_MIN_CONCURRENCY, config.concurrency or 0)
+        return self.target.run(f"suite-{evidence}", **overrides)
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text is not None else None

@@ -1,0 +1,94 @@
+"""A fake OpenAI-compatible target with a page-granular prefix cache, for the probe's tests.
+
+A raw ASGI app serving `/v1/completions` (streaming and not). The prompt is tokenized with
+cl100k_base; whole pages of it that an earlier request in the same cache namespace already
+had are "cached". The first token is delayed by `base_s + per_token_s * uncached tokens`,
+so a hit really is faster, and usage reports `prompt_tokens_details.cached_tokens` (unless
+`report_cached` is off). Cache modes:
+
+    off       no cache: every request is a miss
+    shared    one namespace for everyone (a cross-tenant leak)
+    salted    namespaced by the body's `cache_salt` (trusted from the client, vLLM)
+    derived   namespaced by the Authorization header (the server derives the salt)
+    constant  cache as `shared`, but the delay ignores it (only cached_tokens shows hits)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from canaries import Tokenizer, load_tokenizer
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass
+class FakeCacheTarget:
+    mode: str = "shared"
+    page_size: int = 16
+    base_s: float = 0.0005
+    per_token_s: float = 30e-6
+    report_cached: bool = True
+    tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer("cl100k_base"))
+    pages: set[tuple[Any, tuple[int, ...]]] = field(default_factory=set)
+    num_requests: int = 0
+
+    def namespace(self, body: dict[str, Any], headers: dict[bytes, bytes]) -> Any:
+        if self.mode == "salted":
+            return body.get("cache_salt")
+        if self.mode == "derived":
+            return headers.get(b"authorization")
+        return None
+
+    def serve(self, ids: list[int], namespace: Any) -> int:
+        """Cached tokens for `ids`; then its whole pages join the cache."""
+        if self.mode == "off":
+            return 0
+        num_pages = (len(ids) - 1) // self.page_size  # the last token is always computed
+        cached = 0
+        for k in range(1, num_pages + 1):
+            if (namespace, tuple(ids[: k * self.page_size])) not in self.pages:
+                break
+            cached = k * self.page_size
+        for k in range(1, len(ids) // self.page_size + 1):
+            self.pages.add((namespace, tuple(ids[: k * self.page_size])))
+        return cached
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["type"] == "http"
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        body = json.loads(raw)
+        headers = dict(scope["headers"])
+        ids = self.tokenizer.encode(body["prompt"])
+        self.num_requests += 1
+        cached = self.serve(ids, self.namespace(body, headers))
+        uncached = len(ids) if self.mode == "constant" else len(ids) - cached
+        await asyncio.sleep(self.base_s + self.per_token_s * uncached)
+        details = {"cached_tokens": cached} if self.report_cached else None
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        if details is not None:
+            usage["prompt_tokens_details"] = details  # type: ignore[assignment]
+        choice = {"index": 0, "text": " x", "finish_reason": "length"}
+        if body.get("stream"):
+            events = [{"choices": [choice]}, {"choices": [], "usage": usage}]
+            payload = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+            payload += b"data: [DONE]\n\n"
+            content_type = b"text/event-stream"
+        else:
+            payload = json.dumps({"choices": [choice], "usage": usage}).encode()
+            content_type = b"application/json"
+        start = {"type": "http.response.start", "status": 200}
+        await send({**start, "headers": [(b"content-type", content_type)]})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
