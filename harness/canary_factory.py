@@ -70,9 +70,7 @@ class CanaryFactory:
             loaded = load_tokenizer(tokenizer)
         except CanaryError as exc:
             raise ConfigError(f"--kvcanary-tokenizer {tokenizer}: {exc}") from None
-        minter = (
-            CanaryMinter.random() if seed is None else CanaryMinter.from_seed(seed, "pytest")
-        )
+        minter = CanaryMinter.random() if seed is None else CanaryMinter.from_seed(seed, "pytest")
         return cls(tenants, loaded, minter, page_size=page_size or DEFAULT_PAGE_SIZE)
 
     def prompt(self, num_tokens: int, *, tenant: int = 0) -> BuiltPrompt:

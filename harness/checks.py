@@ -24,10 +24,11 @@ What it deliberately does not do: run anything, print, or know about pytest. Run
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pandas as pd
 
@@ -99,9 +100,7 @@ def _findings(
 ) -> list[Finding]:
     wanted = None if request_ids is None else set(request_ids)
     return [
-        f
-        for f in run.findings
-        if f.kind in kinds and (wanted is None or f.request_id in wanted)
+        f for f in run.findings if f.kind in kinds and (wanted is None or f.request_id in wanted)
     ]
 
 
@@ -195,7 +194,9 @@ def no_leak_below_limits(run: WorkloadResult) -> CheckOutcome:
     load = f" with {workers} request(s) in flight" if workers else ""
     if leaks:
         return _failed(_leak_reason(leaks, f"below the limits{load}"), run, leaks)
-    return _passed(f"no other tenant's canary in {len(below)} answer(s) below the limits{load}", run)
+    return _passed(
+        f"no other tenant's canary in {len(below)} answer(s) below the limits{load}", run
+    )
 
 
 def usage_matches(run: WorkloadResult) -> CheckOutcome:
@@ -208,10 +209,16 @@ def usage_matches(run: WorkloadResult) -> CheckOutcome:
     mismatches = _findings(run, (FindingKind.PROMPT_TOKENS_MISMATCH,))
     if mismatches:
         wrong = reported.loc[reported["prompt_tokens"] != reported["num_prompt_tokens"]]
-        sizes = sorted(
-            {(int(r.num_prompt_tokens), int(r.prompt_tokens)) for r in wrong.itertuples()}
+        pairs = sorted(
+            set(
+                zip(
+                    wrong["num_prompt_tokens"].astype(int),
+                    wrong["prompt_tokens"].astype(int),
+                    strict=True,
+                )
+            )
         )
-        shown = ", ".join(f"{sent} sent -> {said}" for sent, said in sizes[:6])
+        shown = ", ".join(f"{sent} sent -> {said}" for sent, said in pairs[:6])
         return _failed(
             f"usage.prompt_tokens differed from the tokens sent in {len(mismatches)} of "
             f"{len(reported)} answer(s): {shown}",
@@ -233,7 +240,7 @@ def real_prefill(run: WorkloadResult) -> CheckOutcome:
     timed = _accepted(requests).loc[lambda r: r["ttft_ms"].notna()]
     if timed.empty:
         return _failed(f"inconclusive: no answer had a first token ({_errors(requests)})", run)
-    largest = timed.loc[timed["num_prompt_tokens"].idxmax()]
+    largest = timed.sort_values("num_prompt_tokens", kind="stable").iloc[-1]
     n_max, ttft_ms = int(largest["num_prompt_tokens"]), float(largest["ttft_ms"])
     fast = _findings(run, (FindingKind.FAST_PREFILL,))
     model = refit_ttft(requests)
@@ -324,10 +331,7 @@ def pool_holds_context(audit: AuditResult) -> CheckOutcome:
         tried = ", ".join(a.url for a in audit.facts.attempts) or "nothing"
         why = "; ".join(side.reason for side in unknown) or "no side reported a pool"
         return CheckOutcome("skipped", f"the KV pool could not be read ({why}; tried {tried})")
-    sides = ", ".join(
-        f"{side.side.role} {side.side.pool_tokens} tokens"
-        for side in audit.sides
-    )
+    sides = ", ".join(f"{side.side.role} {side.side.pool_tokens} tokens" for side in audit.sides)
     return CheckOutcome(
         "passed", f"every pool holds the {audit.facts.context_tokens}-token context ({sides})"
     )
@@ -383,12 +387,17 @@ def describe(check: Check, outcome: CheckOutcome) -> str:
     return "\n".join(lines)
 
 
-def describe_finding(finding: Finding, row: dict[str, object] | None = None) -> list[str]:
+def describe_finding(finding: Finding, row: dict[str, Any] | None = None) -> list[str]:
     """A finding in a few indented lines: kind, who leaked to whom, request, summary, excerpt."""
-    who = finding.tenant or "?"
-    if finding.victim_tenant or finding.victim_request_id:
-        who += f" <- {finding.victim_tenant or '?'}'s {finding.victim_request_id or 'request'}"
-    head = f"  - {finding.kind} ({finding.severity}) {finding.request_id or '-'} [{who}]"
+    head = f"  - {finding.kind} ({finding.severity})"
+    if finding.request_id:
+        head += f" {finding.request_id}"
+    if finding.tenant:
+        who = finding.tenant
+        if finding.victim_tenant or finding.victim_request_id:
+            victim = finding.victim_tenant or "?"
+            who += f" <- {victim}'s {finding.victim_request_id or 'request'}"
+        head += f" [{who}]"
     lines = [head, f"      {finding.summary}"]
     if row is not None:
         lines.append(f"      request: {_request_line(row)}")
@@ -397,22 +406,33 @@ def describe_finding(finding: Finding, row: dict[str, object] | None = None) -> 
     return lines
 
 
-def _rows_by_id(requests: pd.DataFrame | None) -> dict[str, dict[str, object]]:
+def _rows_by_id(requests: pd.DataFrame | None) -> dict[str, dict[str, Any]]:
     if requests is None or requests.empty:
         return {}
-    records = requests.to_dict("records")
+    records = cast(list[dict[str, Any]], requests.to_dict("records"))
     return {str(r["request_id"]): r for r in records}
 
 
-def _request_line(row: dict[str, object]) -> str:
-    parts = [f"{row.get('num_prompt_tokens')} tokens ({row.get('size_label')}, "
-             f"expected {row.get('expected')})"]  # fmt: skip
-    if not pd.isna(row.get("status")):
-        parts.append(f"HTTP {int(row['status'])}")  # type: ignore[call-overload]
-    if not pd.isna(row.get("prompt_tokens")):
+def _request_line(row: dict[str, Any]) -> str:
+    parts = [
+        f"{row.get('num_prompt_tokens')} tokens ({row.get('size_label')}, "
+        f"expected {row.get('expected')})"
+    ]
+    if _known(row.get("status")):
+        parts.append(f"HTTP {int(row['status'])}")
+    if _known(row.get("prompt_tokens")):
         parts.append(f"usage.prompt_tokens={row['prompt_tokens']}")
-    if not pd.isna(row.get("ttft_ms")):
-        parts.append(f"TTFT {float(row['ttft_ms']):.0f} ms")  # type: ignore[arg-type]
-    if not pd.isna(row.get("error_kind")):
+    if _known(row.get("ttft_ms")):
+        parts.append(f"TTFT {float(row['ttft_ms']):.0f} ms")
+    if _known(row.get("error_kind")):
         parts.append(f"error {row['error_kind']}")
     return ", ".join(parts)
+
+
+def _known(value: Any) -> bool:
+    """Not missing: pandas gives None, NA or NaN for a cell the journal had no value for."""
+    return (
+        value is not None
+        and value is not pd.NA
+        and not (isinstance(value, float) and math.isnan(value))
+    )

@@ -177,9 +177,9 @@ OPTIONS: tuple[Option, ...] = (
         "api",
         parse_text,
         "completions",
-        "Which endpoint to use: /v1/chat/completions or "
-        "/v1/completions (exact prompt token counts).",
-        metavar="API",
+        "Endpoint: /v1/chat/completions (the template's size is measured first) or "
+        "/v1/completions (the prompt is exactly what is counted).",
+        metavar="chat|completions",
         choices=("chat", "completions"),
     ),
     Option("tenants", parse_positive_int, 4, "Number of simulated tenants.", metavar="N"),
@@ -252,12 +252,21 @@ OPTIONS: tuple[Option, ...] = (
         "API key (the key itself is never written anywhere).",
         metavar="VAR",
     ),
-    Option("profile", parse_text, "incident", "Workload profile.", metavar="NAME"),
+    Option(
+        "profile",
+        parse_text,
+        "incident",
+        "Workload profile: incident (victims fill the pool, probes from the pool past the "
+        "context), limits (only the edges), below (nothing over the limit).",
+        metavar="NAME",
+    ),
     Option(
         "seed",
         parse_non_negative_int,
         None,
-        "Seed for prompts, canaries and arrivals (default: random, recorded in the journal).",
+        "Seed for prompts and arrivals; given, it also derives the canary key, so the run "
+        "can be reproduced (default: random and recorded; the canary key is then random "
+        "and never written).",
         metavar="N",
     ),
     Option(
@@ -297,7 +306,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_text,
         "vulnerable",
         "Preset of the bundled engine (used without --target).",
-        metavar="PRESET",
+        metavar="vulnerable|hardened",
         choices=("vulnerable", "hardened"),
     ),
     Option(

@@ -18,7 +18,7 @@ from collections import Counter
 from types import TracebackType
 from typing import IO
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
@@ -35,7 +35,6 @@ from harness.options import format_duration
 DEFAULT_INTERVAL_S = 10.0
 MAX_FINDINGS_SHOWN = 5
 
-_TRANSPORT_ERRORS = ("connect", "timeout", "protocol", "truncated", "too_large")
 
 
 class ProgressDisplay:
@@ -62,6 +61,7 @@ class ProgressDisplay:
         self.num_sent = 0
         self.num_done = 0
         self.num_rejected = 0
+        self.num_aborted = 0
         self.errors: Counter[str] = Counter()
         self.findings: Counter[str] = Counter()
         self._t_start = time.monotonic()
@@ -84,6 +84,7 @@ class ProgressDisplay:
         if self._live is not None:
             self._live.stop()
             self._live = None
+        self.note(self.status_line())
 
     # -- input --------------------------------------------------------------------------
 
@@ -96,6 +97,8 @@ class ProgressDisplay:
             kind = event.observation.error_kind
             if kind == "http_status":
                 self.num_rejected += 1
+            elif kind == "disconnected":  # an abort plan doing its job
+                self.num_aborted += 1
             elif kind is not None:
                 self.errors[kind] += 1
         elif isinstance(event, PhaseStarted):
@@ -114,7 +117,10 @@ class ProgressDisplay:
     # -- rendering ----------------------------------------------------------------------
 
     def status_line(self) -> str:
-        """The one-line summary shown live and printed periodically."""
+        """The one-line summary printed periodically off a terminal and at the end."""
+        return " | ".join((*self._progress_parts(), self._findings_part()))
+
+    def _progress_parts(self) -> list[str]:
         parts = [f"phase {self.phase}"]
         if self.num_requests is not None:
             parts.append(f"{self.num_done}/{self.num_requests} requests")
@@ -124,21 +130,29 @@ class ProgressDisplay:
                 parts.append(f"{self._elapsed()} of {format_duration(self.duration_s)}")
         parts.append(f"{self.num_sent - self.num_done} in flight")
         parts.append(f"{self.num_rejected} rejected")
+        if self.num_aborted:
+            parts.append(f"{self.num_aborted} aborted")
         num_errors = sum(self.errors.values())
         if num_errors:
             kinds = ", ".join(f"{k} {n}" for k, n in self.errors.most_common())
             parts.append(f"{num_errors} errors ({kinds})")
-        num_findings = sum(self.findings.values())
-        if num_findings:
-            kinds = ", ".join(f"{k} {n}" for k, n in self.findings.most_common())
-            parts.append(f"{num_findings} findings ({kinds})")
-        else:
-            parts.append("no findings")
-        return " | ".join(parts)
+        return parts
 
-    def __rich__(self) -> Text:
+    def _findings_part(self) -> str:
+        num_findings = sum(self.findings.values())
+        if not num_findings:
+            return "no findings"
+        kinds = ", ".join(f"{k} {n}" for k, n in self.findings.most_common())
+        return f"{num_findings} findings ({kinds})"
+
+    def __rich__(self) -> Group:
         style = "bold red" if self.findings else "green"
-        return Text.assemble(("kvcanary ", "bold"), (self.status_line(), style))
+        return Group(
+            Text.assemble(
+                ("kvcanary ", "bold"), f"[{self._elapsed()}] ", " | ".join(self._progress_parts())
+            ),
+            Text(f"         {self._findings_part()}", style=style),
+        )
 
     def _finding(self, event: FindingRecorded) -> None:
         kind = str(event.finding.kind)

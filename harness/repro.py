@@ -50,7 +50,7 @@ from harness.client import TargetClient, make_http_client
 from harness.detectors.content import ContentDetector
 from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
-from harness.errors import ConfigError, RunIncomplete
+from harness.errors import ConfigError, KvcanaryError, RunIncomplete
 from harness.events import (
     Event,
     FindingRecorded,
@@ -60,7 +60,7 @@ from harness.events import (
     RunStarted,
 )
 from harness.finding import Finding
-from harness.journal import JOURNAL_NAME, JournalWriter
+from harness.journal import JOURNAL_NAME, JournalWriter, journal_segments
 from harness.limits import limits_from_facts
 from harness.observation import Observation
 from harness.progress import ProgressDisplay
@@ -219,8 +219,13 @@ def run_repro(
     out_dir = _out_dir(out)
     display = ProgressDisplay(num_requests=scenario.num_requests, file=file, live=live)
     display.note(f"scenario {scenario.name}: expects {scenario.expect.describe()}")
+    if url is not None and scenario.engine is not None:
+        display.note(
+            f"--target given: the scenario's [engine] ({scenario.engine.preset}) is not used"
+        )
     reports: list[StepReport] = []
     ended = "completed"
+    why: tuple[str, ...] = ()
     try:
         if url is not None:
             ended = asyncio.run(
@@ -238,10 +243,14 @@ def run_repro(
                     )
                 )  # fmt: skip
     except RunIncomplete as exc:
-        return ReproResult(scenario, "inconclusive", (str(exc),), None, target=url)
+        if not (out_dir / JOURNAL_NAME).exists():
+            return ReproResult(scenario, "inconclusive", (str(exc),), None, target=url)
+        ended, why = "error", (str(exc),)
     except KeyboardInterrupt:
+        if not (out_dir / JOURNAL_NAME).exists():
+            return ReproResult(scenario, "inconclusive", ("interrupted",), None, target=url)
         ended = "interrupted"
-    return _finish(scenario, url, out_dir, reports, ended, keep_raw_evidence, display)
+    return _finish(scenario, url, out_dir, reports, ended, why, keep_raw_evidence, display)
 
 
 def _finish(
@@ -250,6 +259,7 @@ def _finish(
     out_dir: Path,
     reports: list[StepReport],
     ended: str,
+    why: tuple[str, ...],
     keep_raw_evidence: bool,
     display: ProgressDisplay,
 ) -> ReproResult:
@@ -265,7 +275,7 @@ def _finish(
     return ReproResult(
         scenario=scenario,
         verdict=verdict,
-        reasons=reasons,
+        reasons=(*why, *reasons),
         out_dir=out_dir,
         target=url,
         findings={k: int(n) for k, n in findings.items() if n},
@@ -279,7 +289,7 @@ def _out_dir(out: str | Path | None) -> Path:
     out_dir = Path(out) if out is not None else default_out_dir()
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} exists and is not a directory")
-    if (out_dir / JOURNAL_NAME).exists():
+    if out_dir.is_dir() and journal_segments(out_dir):
         raise ConfigError(f"--out {out_dir} already holds a run; choose another directory")
     return out_dir
 
@@ -495,6 +505,8 @@ class _Steps:
             runner = self._runner(step)
             try:
                 outcome = await runner.run()
+            except BaseExceptionGroup as group:  # the runner's task group wraps what failed
+                raise _user_error(group) from None
             finally:
                 self.num_requests += runner.outcome.num_requests
                 reports.append(StepReport.of(number, step, runner.outcome))
@@ -528,7 +540,11 @@ class _Steps:
                 tenant = self.tenant_index[step.tenants[i % len(step.tenants)]]
             else:
                 tenant = self.planner.next_tenant()
-            plan = self.planner.plan(step.name, step.intent, size, tenant)
+            try:
+                plan = self.planner.plan(step.name, step.intent, size, tenant)
+            except ConfigError as exc:
+                key = "size" if step.kind == "disconnect" else "sizes"
+                raise ConfigError(f"{self.scenario.where(step, key)}: {exc}") from None
             yield dataclasses.replace(
                 plan, max_tokens=step.max_tokens, disconnect_after_chunks=step.after_chunks
             )
@@ -537,6 +553,18 @@ class _Steps:
         """Every event but a step's `run_finished`: the run has one, written at its end."""
         if not isinstance(event, RunFinished):
             self.emit(event)
+
+
+def _user_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error meant for a user (a one-line message) inside `group`, else `group`."""
+    for exc in group.exceptions:
+        if isinstance(exc, KvcanaryError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            inner = _user_error(exc)
+            if inner is not exc:
+                return inner
+    return group
 
 
 class _DeferredFinish:

@@ -55,7 +55,11 @@ def default_out_dir(now: datetime | None = None) -> Path:
 
 
 def prepare_run_dir(config: RunConfig) -> tuple[Path, RunIdentity]:
-    """The output directory (created 0700 if new) and the identity of the run to write."""
+    """The output directory and the identity of the run to write.
+
+    A new directory is not created here: the journal writer creates it (mode 0700) when the
+    run starts, so a run that never starts (a typo in --target) leaves nothing behind.
+    """
     out_dir = Path(config.out) if config.out is not None else default_out_dir()
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} exists and is not a directory")
@@ -66,7 +70,6 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, RunIdentity]:
                 f"(a soak can be resumed with `kvcanary soak --out {out_dir}`)"
             )
         return out_dir, _resume(out_dir, config)
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
     return out_dir, RunIdentity(run_id, seed, 0, 0, resumed=False)

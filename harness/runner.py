@@ -305,6 +305,12 @@ class Runner:
         except asyncio.CancelledError:
             reason, message = "interrupted", "the run was cancelled"
             raise
+        except BaseExceptionGroup as group:
+            # One request's failure ends the run; the caller sees that failure itself (a
+            # ConfigError stays a one-line usage error), not the task group around it.
+            first = _first_leaf(group)
+            message = f"{type(first).__name__}: {first}"
+            raise first from None
         except BaseException as exc:
             message = f"{type(exc).__name__}: {exc}"
             raise
@@ -475,3 +481,8 @@ class Runner:
         elif isinstance(event, FindingRecorded):
             outcome.findings[str(event.finding.kind)] += 1
         self._emit_event(event)
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -241,7 +241,7 @@ class Scenario:
             "forbidden_findings": ",".join(self.expect.must_not_include),
             **{f"param.{name}": value for name, value in self.param_values.items()},
             "engine_preset": self.engine.preset if self.engine else None,
-            "engine_fix": ",".join(self.engine.fixes) if self.engine else None,
+            "engine_fix": list(self.engine.fixes) if self.engine else None,
             "seed": self.seed,
         }
 

@@ -344,18 +344,18 @@ class ServerTokenizer:
         self._loop_thread = threading.get_ident()
 
     def encode(self, text: str) -> list[int]:
-        return self._wait(self._remote.encode(text))
+        return self._wait(self._remote.encode, text)
 
     def count(self, text: str) -> int:
-        return self._wait(self._remote.count(text))
+        return self._wait(self._remote.count, text)
 
     def decode(self, ids: Sequence[int]) -> str:
         raise CanaryError("the target's tokenize route counts tokens; it cannot decode them")
 
-    def _wait(self, call: Coroutine[Any, Any, T]) -> T:
+    def _wait(self, call: Callable[[str], Coroutine[Any, Any, T]], text: str) -> T:
         assert threading.get_ident() != self._loop_thread, "would block the loop it waits on"
         try:
-            return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+            return asyncio.run_coroutine_threadsafe(call(text), self._loop).result()
         except httpx.HTTPError as exc:
             raise RunIncomplete(f"the target's tokenize route failed: {exc!r}") from None
         except CanaryError as exc:

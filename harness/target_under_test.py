@@ -25,12 +25,14 @@ import dataclasses
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from harness.errors import ConfigError, KvcanaryError, RunIncomplete
-from harness.finding import Finding, FindingKind
+from harness.finding import Finding, FindingKind, Severity
 from harness.options import OPTIONS_BY_NAME, options_for
 from harness.run_config import RunConfig
 
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from harness.audit import AuditResult
-    from harness.checks import Evidence
+    from harness.checks import Check, CheckOutcome, Evidence
 
 SUITE_NUM_REQUESTS = 32
 """Requests in the suite's incident run unless --kvcanary-requests/--kvcanary-duration say
@@ -46,14 +48,17 @@ otherwise: enough for fill, every probe size up to `context` and a few disconnec
 SUITE_MIN_CONCURRENCY = 4
 """Requests in flight, at least, in the suite's below-limits run (check 4's load)."""
 BUNDLED_CONCURRENCY = 1
-"""The bundled engine's incident run goes one request at a time (as `kvcanary run` does):
-on a small CPU machine that keeps its TTFT clean enough for the timing check."""
-RUN_OVERRIDES = frozenset(
-    option.name for option in options_for("plugin")
-) - {"target", "engine_preset", "engine_fix"}
+"""Runs against the bundled engine go one request at a time unless told otherwise, as
+`kvcanary run` does: on a small CPU machine that keeps TTFT clean for the timing check."""
+RUN_OVERRIDES = frozenset(option.name for option in options_for("plugin")) - {
+    "target",
+    "engine_preset",
+    "engine_fix",
+}
 """Settings a `kvcanary_run(...)` call may override (the target is the session's)."""
 _EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_T = TypeVar("_T")
 
 
 class RunWorkload(Protocol):
@@ -106,6 +111,10 @@ class TargetUnderTest:
         fixes = tuple(dict.fromkeys((*config.engine_fix, *engine_fixes)))
         if fixes and engine is None:
             raise ConfigError("--kvcanary-engine-fix needs --kvcanary-engine=PRESET")
+        if engine is not None:  # an unknown preset or fix is a usage error, before any test
+            from reference_engine.server.launch import make_config
+
+            make_config(engine, fixes)
         # the engine is this object's business, not the runs': each run sees only its URL
         self.config = dataclasses.replace(
             config, engine_fix=(), engine_preset=OPTIONS_BY_NAME["engine_preset"].default
@@ -119,6 +128,8 @@ class TargetUnderTest:
         self._labels: Counter[str] = Counter()
         self.runs: list[WorkloadResult] = []
         self.audits: list[AuditResult] = []
+        self.checks: list[tuple[Check, CheckOutcome]] = []
+        """The built-in checks decided in this session, in the order they ran."""
 
     @property
     def configured(self) -> bool:
@@ -173,7 +184,7 @@ class TargetUnderTest:
     def out_root(self) -> Path:
         """Where this session's runs go: --kvcanary-out, else ./kvcanary-runs/<timestamp>."""
         if self._out_root is None:
-            from harness.session import default_out_dir
+            from harness.run_dir import default_out_dir
 
             self._out_root = default_out_dir()
         return self._out_root
@@ -197,6 +208,14 @@ class TargetUnderTest:
                 values[name] = None if value is None else OPTIONS_BY_NAME[name].coerce(value)
             except ValueError as exc:
                 raise ConfigError(f"kvcanary_run({name}={value!r}): {exc}") from None
+        paced = any(name in values for name in ("concurrency", "rate"))
+        if (
+            self.bundled
+            and not paced
+            and self.config.concurrency is None
+            and self.config.rate is None
+        ):
+            values["concurrency"] = BUNDLED_CONCURRENCY
         out_dir = self._run_dir(label)
         return dataclasses.replace(self.config, target=self.base_url, out=str(out_dir), **values)
 
@@ -208,7 +227,7 @@ class TargetUnderTest:
         out_dir = Path(str(config.out))
         out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with (out_dir / "progress.log").open("w", encoding="utf-8") as log:
-            result = run_session(config, file=log, live=False)
+            result = _off_the_loop(run_session, config, file=log, live=False)
         workload = read_result(
             result.out_dir, label=label, verdict=result.verdict, ended=result.outcome.reason
         )
@@ -228,7 +247,7 @@ class TargetUnderTest:
             async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:
                 return await run_audit(client, target=self.base_url, headers=headers)
 
-        result = asyncio.run(audit())
+        result: AuditResult = _off_the_loop(asyncio.run, audit())
         if not result.facts.reachable:
             raise RunIncomplete(f"cannot reach the target at {self.base_url} for the audit")
         self.audits.append(result)
@@ -295,14 +314,12 @@ class SuiteEvidence:
     def _make(self, evidence: Evidence) -> WorkloadResult | AuditResult:
         if evidence == "audit":
             return self.target.audit()
-        config, overrides = self.target.config, {}
+        config, overrides = self.target.config, dict[str, Any]()
         budget_given = config.requests is not None or config.duration is not None
         if evidence == "incident":
             overrides["profile"] = "incident"
             if not budget_given:
                 overrides["requests"] = SUITE_NUM_REQUESTS
-            if self.target.bundled and config.concurrency is None and config.rate is None:
-                overrides["concurrency"] = BUNDLED_CONCURRENCY
         else:
             overrides["profile"] = "below"
             if not budget_given:
@@ -310,6 +327,47 @@ class SuiteEvidence:
             if config.rate is None:
                 overrides["concurrency"] = max(SUITE_MIN_CONCURRENCY, config.concurrency or 0)
         return self.target.run(f"suite-{evidence}", **overrides)
+
+
+def session_summary(target: TargetUnderTest, *, max_findings: int = 10) -> list[str]:
+    """What the session did to its target, in lines: each run's verdict, findings, report."""
+    lines = [f"target: {target.describe()}"]
+    for run in target.runs:
+        why = "; ".join(run.reasons)
+        lines.append(f"{run.label}: {run.verdict.upper()}" + (f" - {why}" if why else ""))
+        for finding in sorted(run.findings, key=_severity_rank)[:max_findings]:
+            victim = f" <- {finding.victim_tenant}" if finding.victim_tenant else ""
+            lines.append(
+                f"  {finding.kind} ({finding.severity}) {finding.request_id or '-'} "
+                f"[{finding.tenant or '?'}{victim}]: {finding.summary}"
+            )
+        if len(run.findings) > max_findings:
+            lines.append(f"  ... and {len(run.findings) - max_findings} more finding(s)")
+        lines.append(f"  report: {run.report}")
+    for audit in target.audits:
+        lines.append(f"audit: {audit.verdict.upper()}")
+        for side in audit.sides:
+            lines.append(f"  {side.side.role} {side.side.url}: {side.verdict} ({side.reason})")
+    if target.checks:
+        lines.append("checks:")
+    for check, outcome in sorted(target.checks, key=lambda item: item[0].number):
+        lines.append(f"  {check.number} {outcome.status.upper()}: {check.title}: {outcome.reason}")
+    return lines
+
+
+def _severity_rank(finding: Finding) -> int:
+    return list(Severity).index(finding.severity)
+
+
+def _off_the_loop(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """`function(...)`, in a worker thread when this thread runs an event loop (an async test):
+    the session and the audit run their own loops with `asyncio.run`."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return function(*args, **kwargs)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvcanary-run") as pool:
+        return pool.submit(function, *args, **kwargs).result()
 
 
 def _path(text: str | None) -> Path | None:

@@ -79,6 +79,15 @@ class PageAllocator:
         else:
             self.release_page_ids.extend(page_ids)
 
+    def transfer(self, page_ids: Iterable[int], owner: str, new_owner: str) -> None:
+        """Hand `owner`'s pages to `new_owner` as they are (the prefix cache adopting a
+        finished request's pages): no generation bump, since the KV in them stays valid."""
+        for page_id in page_ids:
+            assert self.owners[page_id] == owner, (
+                f"page {page_id} handed over by {owner}, owned by {self.owners[page_id]}"
+            )
+            self.owners[page_id] = new_owner
+
     def owned_pages(self, owner: str) -> list[int]:
         return [p for p, o in enumerate(self.owners) if o == owner]
 

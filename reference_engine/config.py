@@ -49,6 +49,16 @@ FIXES: dict[str, str] = {
         "freed pages are zeroed, so a stale read sees zeros instead of another request's KV "
         "(SGLang #39945, open)"
     ),
+    "cache_salt": (
+        "the prefix cache is keyed by (cache_salt, tokens): requests that send different "
+        "salts never share a cached page (vLLM #17045, SGLang #10317; without it the body's "
+        "salt is ignored, as in SGLang #23300)"
+    ),
+    "derive_cache_salt": (
+        "the prefix cache is keyed by the tenant's credential, derived by the server from the "
+        "bearer token, so a client cannot select another tenant's cache by sending its salt "
+        "(vLLM PR #53347); a body cache_salt only subdivides the tenant's own cache"
+    ),
     "pool_covers_context": (
         "refuse to start when a KV pool cannot hold one context-length request, as vLLM "
         "does; SGLang instead lowers max_req_input_len below the advertised context"
@@ -95,6 +105,9 @@ class EngineConfig:
     """Prefill waiting for decode's metadata (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)."""
     release_timeout_s: float = 30.0
     """`deferred_release`: free an aborted request's pages anyway after this long."""
+    prefix_cache: bool = False
+    """A radix prefix cache on the prefill side (SGLang's default; off here as with
+    --disable-radix-cache): finished prompts' full pages are kept and reused."""
     preset: str = "custom"
     tokenizer: str = "cl100k_base"
 

@@ -108,6 +108,7 @@ class DecodeScheduler:
         assert req.transfer_status is not None
         assert req.transfer_status.first_token_id is not None
         req.output_ids.append(req.transfer_status.first_token_id)
+        req.num_cached_tokens = req.transfer_status.num_cached_tokens
         req.poll = KVPoll.SUCCESS
         if len(req.output_ids) >= req.max_new_tokens:
             self._finish_length(req)
@@ -211,7 +212,11 @@ class DecodeScheduler:
         return None
 
     def _finish_length(self, req: Req) -> None:
-        req.finish(finish.finished_length(req.num_prompt_tokens, len(req.output_ids)))
+        req.finish(
+            finish.finished_length(
+                req.num_prompt_tokens, len(req.output_ids), req.num_cached_tokens
+            )
+        )
         self.release(req)
 
     def _end(self, req: Req, abort: FinishAbort) -> None:

@@ -47,13 +47,16 @@ class FinishAbort:
         )
 
 
-def finished_length(prompt_tokens: int, completion_tokens: int) -> FinishOut:
+def finished_length(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> FinishOut:
     """FINISH_LENGTH: the request generated what it asked for (HTTP 200)."""
     return FinishOut(
         reason="length",
         status=200,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
     )
 
 

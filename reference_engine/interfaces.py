@@ -149,6 +149,9 @@ class TransferStatus:
     rejected: bool = False
     """Prefill retired the request at admission with a 400 (the `admission_retire` fix):
     decode answers 400 too, so the client sees the rejection rather than a transfer error."""
+    num_cached_tokens: int = 0
+    """Prompt tokens prefill served from its prefix cache (SGLang's metadata buffers carry
+    `cached_tokens` the same way), so decode's usage can report them."""
 
 
 class PageSink(Protocol):

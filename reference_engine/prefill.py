@@ -8,6 +8,10 @@ metadata and a sender task writes pages as chunks complete (`transfer_chunk_page
 the sender concluded (SGLang frees prefill KV after the transfer), so nothing is read from a
 freed page.
 
+With `prefix_cache`, a request whose prompt starts with cached pages prefills only the rest
+(the scheduler puts the cached pages first in its block table); all its pages are still
+sent, and `TransferStatus.num_cached_tokens` tells decode how many were cached, for usage.
+
 The vulnerable success path reports what SGLang's does (#33507): FINISH_LENGTH, HTTP 200 and
 `prompt_tokens` of the placeholder (1), whatever the deferred 400 said. What this module
 does not decide: admission and queue order (`prefill_scheduler`), the model (`model_runner`).
@@ -186,6 +190,7 @@ class PrefillServer(SideBase):
                 else None
             ),
             checksum=self.runner.checksum(sent_pages) if self.config.has("kv_checksum") else None,
+            num_cached_tokens=req.num_cached_tokens,
         )
 
     def _done(self, req: Req) -> None:
@@ -222,3 +227,13 @@ class PrefillServer(SideBase):
 
     def extra_info(self) -> dict[str, Any]:
         return {"prefill_chunk_tokens": self.config.prefill_chunk_tokens}
+
+    def num_allocated_pages(self) -> int:
+        """Pages owned by requests: the prefix cache's own pages are not a request's."""
+        return self.allocator.num_allocated_pages - self.scheduler.num_cached_pages
+
+    def server_info(self) -> dict[str, Any]:
+        info = super().server_info()
+        info["disable_radix_cache"] = not self.config.prefix_cache  # SGLang's field
+        info["internal_states"][0]["num_cached_pages"] = self.scheduler.num_cached_pages
+        return info

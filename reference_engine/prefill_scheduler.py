@@ -13,12 +13,19 @@ Life of a request on the prefill side:
 What it deliberately does not know: tensors, the event loop, or the transfer backend. The
 prefill server (`prefill.py`) drives it and runs the model chunks it schedules.
 
-Seam for a prefix cache (a radix cache keyed by cache salt and tokens comes later; there is
-none now, as with SGLang's --disable-radix-cache): `schedule()` is where a request gets its
-pages and its first uncomputed token, so a cache would match a page-aligned prefix there,
-reuse those pages and start at `num_computed_tokens` past them; `release()` is where finished
-pages would be inserted instead of freed (never an aborted request's, SGLang #28374). The
-salt arrives in `GenerateRequest.cache_salt` / `tenant_key`.
+The prefix cache (`config.prefix_cache`, `prefix_cache.PrefixCache`): `schedule()` matches
+the longest cached page-aligned prefix (at most all but the last token, which must be computed
+to sample), locks it, puts its pages first in the block table and starts prefill past them, so
+a hit skips that compute for real; `release()` of a *successful* request inserts its full
+prompt pages (the cache adopts those it lacked) and frees the rest. Aborted and rejected
+requests are never inserted (SGLang #28374). When pages run short, unlocked cached pages are
+evicted, least recently used first. The namespace a request's pages live in:
+
+    (tenant_key if derive_cache_salt else None, cache_salt if cache_salt else None)
+
+so with neither fix every tenant shares one tree (the timing side channel), with `cache_salt`
+the client's salt separates them (and a client can send another tenant's salt), and with
+`derive_cache_salt` the credential does (a body salt then only subdivides a tenant's cache).
 """
 
 from __future__ import annotations
@@ -34,9 +41,13 @@ from reference_engine.config import EngineConfig
 from reference_engine.finish import FinishAbort
 from reference_engine.interfaces import KVPoll, TransferMetadata
 from reference_engine.limits import SideLimits
+from reference_engine.prefix_cache import CacheNode, PrefixCache
 from reference_engine.sequence import Req
 
 logger = logging.getLogger(__name__)
+
+CACHE_OWNER = "prefix-cache"
+"""The allocator owner of every page the prefix cache holds."""
 
 
 class PrefillScheduler:
@@ -55,6 +66,9 @@ class PrefillScheduler:
         self.bootstrap_queue: dict[str, Req] = {}
         self.waiting_queue: deque[Req] = deque()
         self.inflight_queue: dict[str, Req] = {}
+        self.cache = PrefixCache(self.page_size) if config.prefix_cache else None
+        self._cache_paths: dict[str, list[CacheNode]] = {}
+        """The cached path each running request holds locked, by request id."""
 
     # ---- intake ---------------------------------------------------------------------------
 
@@ -88,15 +102,51 @@ class PrefillScheduler:
         if not self.waiting_queue:
             return None
         req = self.waiting_queue[0]
-        if not req.page_ids:
-            num_pages = math.ceil(req.num_prompt_tokens / self.page_size)
-            if not self.allocator.can_allocate(num_pages):
-                return None
-            req.page_ids = self.allocator.allocate(num_pages, req.rid)
-            req.page_generations = [self.allocator.generations[p] for p in req.page_ids]
+        if not req.page_ids and not self._allocate(req):
+            return None
         start = req.num_computed_tokens
         end = min(start + self.config.prefill_chunk_tokens, req.num_prompt_tokens)
         return req, start, end
+
+    def _allocate(self, req: Req) -> bool:
+        """Pages for the whole prompt: the cached prefix's first (shared), then new ones."""
+        path = self._match(req)
+        num_new = math.ceil(req.num_prompt_tokens / self.page_size) - len(path)
+        if not self._make_room(num_new):
+            self._unlock(req)
+            return False
+        req.page_ids = [n.page_id for n in path] + self.allocator.allocate(num_new, req.rid)
+        req.page_generations = [self.allocator.generations[p] for p in req.page_ids]
+        req.num_cached_tokens = req.num_computed_tokens = len(path) * self.page_size
+        req.num_ready_pages = len(path)
+        return True
+
+    def _match(self, req: Req) -> list[CacheNode]:
+        if self.cache is None or req.to_finish is not None:
+            return []
+        max_pages = (req.num_prompt_tokens - 1) // self.page_size  # the last token is computed
+        path = self.cache.match(self.namespace(req), req.origin_input_ids, max_pages)
+        self.cache.lock(path)
+        self._cache_paths[req.rid] = path
+        return path
+
+    def _unlock(self, req: Req) -> list[CacheNode]:
+        path = self._cache_paths.pop(req.rid, [])
+        if self.cache is not None:
+            self.cache.unlock(path)
+        return path
+
+    def _make_room(self, num_pages: int) -> bool:
+        shortfall = num_pages - self.allocator.num_free_pages
+        if shortfall > 0 and self.cache is not None:
+            self._free(self.cache.evict(shortfall), CACHE_OWNER)
+        return self.allocator.can_allocate(num_pages)
+
+    def namespace(self, req: Req) -> tuple[str | None, str | None]:
+        """The prefix-cache tree `req` reads and writes (see the module docstring)."""
+        tenant = req.tenant_key if self.config.has("derive_cache_salt") else None
+        salt = req.cache_salt if self.config.has("cache_salt") else None
+        return tenant, salt
 
     def on_chunk_done(self, req: Req, end: int, token: int | None) -> None:
         """Record progress: complete pages may now be sent; the last chunk sampled a token."""
@@ -126,8 +176,12 @@ class PrefillScheduler:
     def finish_success(self, req: Req) -> None:
         """Transfer Success: FINISH_LENGTH, whatever the deferred `to_finish` said (#33507)."""
         req.poll = KVPoll.SUCCESS
-        req.finish(finish.finished_length(req.num_prompt_tokens, len(req.output_ids)))
-        self.release(req)
+        req.finish(
+            finish.finished_length(
+                req.num_prompt_tokens, len(req.output_ids), req.num_cached_tokens
+            )
+        )
+        self.release(req, insert=req.to_finish is None)
 
     def finish_failed(self, req: Req, abort: FinishAbort) -> None:
         if not req.is_finished:
@@ -141,13 +195,28 @@ class PrefillScheduler:
         if req in self.waiting_queue:
             self.waiting_queue.remove(req)
 
-    def release(self, req: Req) -> None:
+    def release(self, req: Req, *, insert: bool = False) -> None:
+        """Free `req`'s pages; with `insert`, its full prompt pages join the prefix cache."""
         self.remove(req)
-        if req.page_ids:
-            if self._zero_pages is not None:
-                self._zero_pages(req.page_ids)
-            self.allocator.free(req.page_ids, req.rid)
-            req.page_ids = []
+        own = req.page_ids[len(self._cache_paths.get(req.rid, ())) :]
+        if insert and self.cache is not None and req.page_ids:
+            ns = self.namespace(req)
+            adopted = set(self.cache.insert(ns, req.origin_input_ids, req.page_ids))
+            self.allocator.transfer(adopted, req.rid, CACHE_OWNER)
+            own = [p for p in own if p not in adopted]
+        self._unlock(req)
+        if own:
+            self._free(own, req.rid)
+        req.page_ids = []
+
+    def _free(self, page_ids: Sequence[int], owner: str) -> None:
+        if page_ids and self._zero_pages is not None:
+            self._zero_pages(page_ids)
+        self.allocator.free(page_ids, owner)
+
+    @property
+    def num_cached_pages(self) -> int:
+        return 0 if self.cache is None else self.cache.num_pages
 
     def find(self, rid: str) -> Req | None:
         if rid in self.bootstrap_queue:

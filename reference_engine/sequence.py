@@ -2,7 +2,8 @@
 
 What it knows: the prompt this side will process (`origin_input_ids`, which the vulnerable
 intake path swaps for a one-token placeholder), the client's own prompt length, generated
-tokens, the request's pages in this side's pool, its KVPoll state and how it finished. The
+tokens, the request's pages in this side's pool (the leading ones possibly the prefix cache's),
+its cache salt and tenant key, its KVPoll state and how it finished. The
 deferred abort (`to_finish`) is SGLang's: set at intake, promoted only when something checks.
 
 What it does not know: KV contents, tensors, or which queue holds it (the schedulers do).
@@ -35,6 +36,10 @@ class Req:
     to_finish: FinishAbort | None = None
     finished: FinishOut | None = None
     poll: KVPoll = KVPoll.BOOTSTRAPPING
+    cache_salt: str | None = None
+    tenant_key: str | None = None
+    num_cached_tokens: int = 0
+    """Prompt tokens served from the prefill side's prefix cache (its leading pages)."""
     # prefill side
     num_computed_tokens: int = 0
     num_ready_pages: int = 0
@@ -55,6 +60,8 @@ class Req:
             origin_input_ids=list(req.input_ids),
             max_new_tokens=req.max_new_tokens,
             num_client_tokens=len(req.input_ids),
+            cache_salt=req.cache_salt,
+            tenant_key=req.tenant_key,
         )
 
     @property

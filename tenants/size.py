@@ -62,13 +62,13 @@ def input_limit(limits: LimitsLike) -> int:
 
     A prompt of `n` tokens can be served correctly only if its KV fits the pool (`n < pool`)
     and leaves room in the context for at least one generated token (`n < context`); where
-    the target reports its own largest accepted input (SGLang's `max_req_input_len`), a
-    prompt above that is refused too. So the limit is
-    `min(pool, context, max_input_tokens + 1)`.
+    the target reports its own input limit (SGLang's `max_req_input_len`, enforced as
+    `len(input_ids) >= max_req_input_len` -> 400), a prompt of that length is refused too.
+    So the limit is `min(pool, context, max_input_tokens)`.
     """
     limit = min(limits.pool_tokens, limits.context_tokens)
     if limits.max_input_tokens is not None:
-        limit = min(limit, limits.max_input_tokens + 1)
+        limit = min(limit, limits.max_input_tokens)
     return limit
 
 

@@ -71,12 +71,21 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
     config = resolve(command, flags, flags.get("config"))
     result = run_session(config, file=sys.stderr)
     print(verdict_line(result.verdict, result.reasons, result.outcome.reason))
-    for name, path in (*result.outputs.items(), ("journal", result.out_dir / "journal.jsonl")):
-        print(f"  {_LABELS.get(name, name):<9} {path}")
+    outputs = {**result.outputs, "journal": result.out_dir / "journal.jsonl"}
+    for name, label in _LABELS.items():
+        if name in outputs:
+            print(f"  {label:<9} {outputs[name]}")
     return result.exit_status
 
 
-_LABELS = {"html": "report", "md": "markdown", "json": "summary", "junit": "junit"}
+_LABELS = {
+    "html": "report",
+    "md": "markdown",
+    "json": "summary",
+    "junit": "junit",
+    "evidence": "evidence",
+    "journal": "journal",
+}
 
 
 def verdict_line(verdict: str, reasons: tuple[str, ...] | list[Any], ended: str) -> str:

@@ -23,6 +23,15 @@ a finding already returned; the final per-owner counts are in
 `ResponseScan.num_markers_by_owner`. Unknown-origin markers have no owner: all of a
 response's unknown markers are one finding.
 
+**Splices are echoes.** A response that quotes its prompt in excerpts (the reference
+engine quotes whole pages; a real model may skip words) can join the head of one of its own
+canaries (tag and first words) to the tail of another: canary-shaped, yet no key decodes it.
+A canary-shaped hit that splits into the tag plus a prefix of one of the request's *own*
+canaries and a suffix of one of its own canaries is an own-request echo, not an unknown
+canary. Only the request's own canaries are consulted, so a marker from another run still
+needs its first and last words to match this prompt's canaries at the same split to be
+missed (probability about num_canaries^2 * 2^-70 per split with 6 words).
+
 **Redaction.** The response text around a foreign canary may be another customer's data.
 Excerpts are a window of `context_chars` on each side of the first marker, passed through
 `canaries.redact`: canary spans stay readable, every other run of text becomes a
@@ -37,6 +46,8 @@ detectors), and does not mint or index canaries (the `canaries` package).
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from canaries import CanaryIndex, Hit, Relation, StreamScanner, classify, redact
@@ -51,6 +62,8 @@ _KIND_OF: dict[Relation, tuple[FindingKind, Severity]] = {
     Relation.SAME_TENANT: (FindingKind.CROSS_REQUEST_CANARY, Severity.HIGH),
     Relation.UNKNOWN: (FindingKind.UNKNOWN_CANARY, Severity.MEDIUM),
 }
+
+_WORD = re.compile(r"[a-z]+")
 
 OwnerKey = tuple[str, str | None, str | None]
 """(relation, owner tenant, owner request id): one finding per key per response."""
@@ -98,6 +111,7 @@ class ResponseScan:
         self._chunks: list[str] = []
         self._tallies: dict[OwnerKey, _OwnerTally] = {}
         self._finished = False
+        self._own_parts: tuple[set[tuple[str, ...]], set[tuple[str, ...]]] | None = None
 
     @property
     def num_markers_by_owner(self) -> dict[OwnerKey, int]:
@@ -124,7 +138,9 @@ class ResponseScan:
         new_keys: list[OwnerKey] = []
         for hit in hits:
             relation = classify(hit, tenant=self.plan.tenant, request_id=self.plan.request_id)
-            if relation is Relation.OWN:
+            if relation is Relation.OWN or (
+                relation is Relation.UNKNOWN and hit.origin is None and self._is_own_splice(hit)
+            ):
                 continue
             owner = hit.owner
             key: OwnerKey = (
@@ -138,6 +154,17 @@ class ResponseScan:
                 new_keys.append(key)
             tally.num_markers += 1
         return [self._finding(key, Relation(key[0])) for key in new_keys]
+
+    def _is_own_splice(self, hit: Hit) -> bool:
+        """Whether `hit` is the head of one own canary joined to the tail of another."""
+        words = _WORD.findall(hit.text.lower())
+        if self._own_parts is None:
+            self._own_parts = _prefixes_and_suffixes(c.text for c in self.plan.canaries)
+        prefixes, suffixes = self._own_parts
+        body = tuple(words[1:])  # words[0] is the tag
+        return any(
+            body[:cut] in prefixes and body[cut:] in suffixes for cut in range(1, len(body))
+        )
 
     def _finding(self, key: OwnerKey, relation: Relation) -> Finding:
         tally = self._tallies[key]
@@ -204,3 +231,17 @@ class ResponseScan:
 
 def _origin_record(hit: Hit) -> dict[str, int] | None:
     return None if hit.origin is None else dataclasses.asdict(hit.origin)
+
+
+def _prefixes_and_suffixes(
+    canaries: Iterable[str],
+) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
+    """Every proper word prefix and suffix (tag excluded) of the given canaries."""
+    prefixes: set[tuple[str, ...]] = set()
+    suffixes: set[tuple[str, ...]] = set()
+    for canary in canaries:
+        body = tuple(_WORD.findall(canary.lower())[1:])
+        for cut in range(1, len(body)):
+            prefixes.add(body[:cut])
+            suffixes.add(body[cut:])
+    return prefixes, suffixes

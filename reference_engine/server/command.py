@@ -99,6 +99,13 @@ def register(subparsers: Any) -> None:
         "preset's pools scale with it)",
     )
     add("--page-size", type=int, metavar="N", help="tokens per KV page (default 16)")
+    add(
+        "--prefix-cache",
+        action="store_true",
+        help="turn on the prefill side's radix prefix cache (off by default, as with SGLang's "
+        "--disable-radix-cache); it is shared by every tenant unless the cache_salt or "
+        "derive_cache_salt fix is on",
+    )
     add("--device", help="cpu (default) or cuda[:N]")
     add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     add(
@@ -131,7 +138,10 @@ def is_loopback(host: str) -> bool:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     names = ("prefill_pool_tokens", "decode_pool_tokens", "context_length", "page_size", "device")
-    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.prefix_cache:
+        overrides["prefix_cache"] = True
+    return overrides
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -147,6 +157,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = make_config(args.preset, args.fix, **_overrides(args))
     fixes = ",".join(sorted(config.fixes)) or "none"
     summary = f"preset {config.preset}, fixes {fixes}"
+    if config.prefix_cache:
+        summary += ", prefix cache on"
     if args.processes:
         return _serve_processes(args, config, summary)
     return _serve_in_process(args, config, summary)

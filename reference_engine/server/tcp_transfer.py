@@ -48,11 +48,11 @@ from reference_engine.interfaces import (
 )
 
 _MAGIC = b"KVCT"
-_VERSION = 1
+_VERSION = 2
 _HELLO = struct.Struct("!4sH")
 _HEADER = struct.Struct("!BQI")
 _COUNTS = struct.Struct("!II")
-_STATUS = struct.Struct("!BBqqQ")
+_STATUS = struct.Struct("!BBqqQI")
 _MAX_BODY = 1 << 30
 _NUM_CONCLUDED_KEPT = 4096
 
@@ -110,6 +110,7 @@ def encode_status(status: TransferStatus) -> bytes:
         status.first_token_id or 0,
         status.num_tokens_written or 0,
         status.checksum or 0,
+        status.num_cached_tokens,
     )
     return encode_frame(Frame.STATUS, status.room, body)
 
@@ -117,7 +118,7 @@ def encode_status(status: TransferStatus) -> bytes:
 def decode_status(room: int, body: bytes) -> TransferStatus:
     if len(body) != _STATUS.size:
         raise ProtocolError(f"status for room {room}: {len(body)} bytes")
-    poll, flags, first_token, num_written, checksum = _STATUS.unpack(body)
+    poll, flags, first_token, num_written, checksum, num_cached = _STATUS.unpack(body)
     return TransferStatus(
         room=room,
         poll=KVPoll(poll),
@@ -126,6 +127,7 @@ def decode_status(room: int, body: bytes) -> TransferStatus:
         checksum=checksum if flags & _Flag.CHECKSUM else None,
         aborted=bool(flags & _Flag.ABORTED),
         rejected=bool(flags & _Flag.REJECTED),
+        num_cached_tokens=num_cached,
     )
 
 

@@ -98,3 +98,17 @@ def test_each_fix_switch_alone(tmp_path: Path, fix: str, leaks: bool) -> None:
     assert result["evidence"]["num_above_limit_answered"] > 0
     assert (found["cross_tenant_canary"] > 0) == leaks, found
     assert status == (1 if result["counts"]["findings_total"] else 0)
+
+
+def test_chat_prompts_are_counted_with_the_template(tmp_path: Path) -> None:
+    """The chat template's size is measured first, so usage matches the plans exactly."""
+    from reference_engine.server.launch import running_engine
+
+    with running_engine("hardened", context_length=SMALL_CONTEXT) as engine:
+        status = _run_against(engine.base_url, tmp_path, "--api", "chat", "--requests", "24")
+    result = summary(tmp_path)
+    assert status == 0, result["verdict_reasons"]
+    assert result["api"] == "chat"
+    accepted = [r for r in journal(tmp_path) if r["type"] == "observation" and not r["error_kind"]]
+    assert accepted
+    assert all(r["usage"]["prompt_tokens"] is not None for r in accepted)

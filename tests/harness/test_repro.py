@@ -133,8 +133,9 @@ def test_an_unset_key_variable_is_a_usage_error(capsys: pytest.CaptureFixture[st
     assert "KVCANARY_TEST_UNSET_KEY is not set" in capsys.readouterr().err
 
 
-def test_a_size_too_small_for_the_real_limits_names_its_line(tmp_path: Path) -> None:
-    text = "\n".join(
+def tiny(size: str, page_size: int = 16) -> str:
+    """A scenario against a fake target whose only step sends one prompt of `size`."""
+    return "\n".join(
         [
             'name = "tiny"',
             'description = "a size that only fails against real limits"',
@@ -142,23 +143,39 @@ def test_a_size_too_small_for_the_real_limits_names_its_line(tmp_path: Path) -> 
             "[limits]",
             "pool_tokens = 512",
             "context_tokens = 1024",
+            f"page_size = {page_size}",
             "[[steps]]",
             'kind = "probes"',
-            'sizes = ["pool-1000"]',
+            f'sizes = ["{size}"]',
             "[expect]",
             'outcome = "leak"',
         ]
     )
-    scenario = parse_scenario(text, "tiny.toml")
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 1024}]})
-        return httpx.Response(404, json={"error": {"message": "not found"}})
 
-    with pytest.raises(ConfigError, match=r"^tiny\.toml:7: steps\[1\]\.sizes: size expression"):
+def models_only(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/v1/models":
+        return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 1024}]})
+    return httpx.Response(404, json={"error": {"message": "not found"}})
+
+
+def test_a_size_too_small_for_the_real_limits_names_its_line(tmp_path: Path) -> None:
+    scenario = parse_scenario(tiny("pool-1000"), "tiny.toml")
+    with pytest.raises(ConfigError, match=r"^tiny\.toml:8: steps\[1\]\.sizes: size expression"):
         run_repro(scenario, out=tmp_path / "out", file=io.StringIO(),
-                  transport=httpx.MockTransport(answer))  # fmt: skip
+                  transport=httpx.MockTransport(models_only))  # fmt: skip
+    assert not (tmp_path / "out").exists()  # nothing was sent
+
+
+def test_a_prompt_that_cannot_be_built_names_its_step_and_ends_the_journal(
+    tmp_path: Path,
+) -> None:
+    scenario = parse_scenario(tiny("100", page_size=4), "tiny.toml")
+    with pytest.raises(ConfigError, match=r"^tiny\.toml:8: steps\[1\]\.sizes: .*page size 4"):
+        run_repro(scenario, out=tmp_path / "out", file=io.StringIO(),
+                  transport=httpx.MockTransport(models_only))  # fmt: skip
+    last = records(tmp_path / "out")[-1]
+    assert (last["type"], last["reason"]) == ("run_finished", "error")
 
 
 # -- shipped scenarios on the bundled engine -----------------------------------------------

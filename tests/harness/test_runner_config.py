@@ -239,3 +239,17 @@ def test_other_invariants() -> None:
     record = RunConfig(api_key_env="MY_KEY").to_record()
     assert record["api_key_env"] == "MY_KEY"
     assert record["command"] == "run"
+
+
+def test_the_readme_section_documents_every_option() -> None:
+    readme = (Path(__file__).parents[2] / "docs" / "readme" / "run.md").read_text()
+    for option in OPTIONS:
+        assert f"`{option.cli_flag}" in readme, option.cli_flag
+
+
+def test_the_profile_help_names_every_profile() -> None:
+    from tenants.workload import profile_names
+
+    help_text = next(o.help for o in OPTIONS if o.name == "profile")
+    for name in profile_names():
+        assert name in help_text

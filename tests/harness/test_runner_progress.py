@@ -57,6 +57,8 @@ def test_plain_lines_show_phases_findings_and_counts() -> None:
         display.handle(ObservationRecorded(_obs(0, 200)))
         display.handle(ObservationRecorded(_obs(1, 400, "http_status")))
         display.handle(ObservationRecorded(_obs(2, None, "connect")))
+        display.handle(PlanRecorded(_plan(4)))
+        display.handle(ObservationRecorded(_obs(4, 200, "disconnected")))
         for i in range(4):
             display.handle(_finding(i))
         display.handle(RunFinished("completed", 0.0, 4))
@@ -66,7 +68,8 @@ def test_plain_lines_show_phases_findings_and_counts() -> None:
     assert "further cross_tenant_canary findings are counted" in text
     assert "response to r2" not in text  # the third finding is counted, not printed
     line = display.status_line()
-    assert "3/10 requests" in line
+    assert "4/10 requests" in line
+    assert "1 aborted" in line
     assert "1 in flight" in line
     assert "1 rejected" in line
     assert "1 errors (connect 1)" in line
@@ -79,8 +82,8 @@ def test_status_lines_are_rate_limited_off_a_terminal() -> None:
         for i in range(50):
             display.handle(PlanRecorded(_plan(i)))
             display.handle(ObservationRecorded(_obs(i, 200)))
-    assert "requests" not in out.getvalue()  # no status line within the interval
-    assert "50 requests" in display.status_line()
+        assert "requests" not in out.getvalue()  # no status line within the interval
+    assert out.getvalue().count("50 requests") == 1  # the closing status line
     assert "of 1m" in display.status_line()
     assert "no findings" in display.status_line()
 

@@ -94,7 +94,8 @@ def test_the_shipped_scenarios_load_and_are_named_after_their_files() -> None:
     for name in shipped_names():
         scenario = resolve_scenario(name)
         assert scenario.name == name
-        assert scenario.summary and scenario.references
+        assert scenario.summary
+        assert scenario.references
         assert scenario.send_steps
         file = shipped_file(name)
         assert file is not None
@@ -104,11 +105,13 @@ def test_the_shipped_scenarios_load_and_are_named_after_their_files() -> None:
 def test_shipped_expectations() -> None:
     control = resolve_scenario("hardened-control")
     assert control.expect.outcome == "clean"
-    assert control.engine is not None and control.engine.preset == "hardened"
+    assert control.engine is not None
+    assert control.engine.preset == "hardened"
     incident = resolve_scenario("glm53-incident")
     assert incident.expect.outcome == "leak"
     assert FindingKind.CROSS_TENANT_CANARY in incident.expect.must_include
-    assert incident.engine is not None and incident.engine.preset == "vulnerable"
+    assert incident.engine is not None
+    assert incident.engine.preset == "vulnerable"
     abort = resolve_scenario("mid-transfer-abort")
     assert [s.kind for s in abort.steps][:2] == ["disconnect", "victims"]
     assert FindingKind.UNSAFE_ACCEPT in abort.expect.must_not_include
@@ -121,29 +124,38 @@ def test_shipped_expectations() -> None:
 def test_a_valid_file_is_read_with_defaults_substituted() -> None:
     scenario = parse_scenario(VALID, "example.toml")
     victims, wait, probes, drop = scenario.steps
-    assert isinstance(victims, SendStep) and isinstance(wait, WaitStep)
+    assert isinstance(victims, SendStep)
+    assert isinstance(wait, WaitStep)
     assert [s.expr for s in victims.sizes] == ["0.5*limit", "limit-1"]
     assert victims.line == line_of(VALID, "[[steps]]")
     assert (victims.name, wait.name, probes.name, drop.name) == (
         "1-victims", "2-wait", "over", "4-disconnect",
     )  # fmt: skip
-    assert isinstance(probes, SendStep) and probes.count == 2 and probes.max_tokens == 64
-    assert isinstance(drop, SendStep) and drop.after_chunks == 0 and drop.intent == "abort"
-    assert scenario.limits.pool_tokens is None and scenario.limits.context_tokens == 1024
+    assert isinstance(probes, SendStep)
+    assert probes.count == 2
+    assert probes.max_tokens == 64
+    assert isinstance(drop, SendStep)
+    assert drop.after_chunks == 0
+    assert drop.intent == "abort"
+    assert scenario.limits.pool_tokens is None
+    assert scenario.limits.context_tokens == 1024
     tenants = scenario.tenants.build()
     assert [(t.name, t.api_key_env) for t in tenants] == [("alice", "ALICE_KEY"), ("bob", None)]
     shared = scenario.tenants.build("SHARED_KEY")
     assert {t.api_key_env for t in shared} == {"SHARED_KEY"}
-    assert scenario.engine is not None and scenario.engine.fixes == ("page_tags",)
+    assert scenario.engine is not None
+    assert scenario.engine.fixes == ("page_tags",)
     assert dict(scenario.engine.overrides) == {"context_length": 1024}
 
 
 def test_params_override_defaults_and_keep_their_types() -> None:
     scenario = parse_scenario(VALID, "example.toml", {"num_probes": "5", "victim_size": "300"})
     probes = scenario.steps[2]
-    assert isinstance(probes, SendStep) and probes.count == 5
+    assert isinstance(probes, SendStep)
+    assert probes.count == 5
     victims = scenario.steps[0]
-    assert isinstance(victims, SendStep) and victims.sizes[0].expr == "300"
+    assert isinstance(victims, SendStep)
+    assert victims.sizes[0].expr == "300"
     assert scenario.param_values["num_probes"] == 5
 
 

@@ -106,7 +106,7 @@ def test_evaluation_agrees_with_python_arithmetic(expr: str) -> None:
     [
         (FakeLimits(1000, 4096), 1000),  # the incident: a pool smaller than the context
         (FakeLimits(8192, 4096), 4096),  # a sane deployment: the context binds
-        (FakeLimits(8192, 4096, max_input_tokens=2000), 2001),
+        (FakeLimits(8192, 4096, max_input_tokens=2000), 2000),
         (FakeLimits(1000, 4096, max_input_tokens=4095), 1000),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -9,6 +10,7 @@ from detector_factories import make_obs, make_plan
 
 from canaries import CanaryIndex, CanaryMinter, Owner
 from canaries.index import SCAN_BLOCK
+from canaries.span import CanarySpan
 from harness.detectors import ContentDetector, ResponseScan
 from harness.finding import Finding, FindingKind, Severity
 from tenants.plan import RequestPlan
@@ -192,3 +194,27 @@ def test_scan_text_reanalyses_a_recorded_response(run: Run) -> None:
     obs = make_obs(plan, text="x " + run.canaries[victim.request_id][0])
     [finding] = ContentDetector(run.index).scan_text(plan, obs)
     assert finding.kind is FindingKind.CROSS_TENANT_CANARY
+
+
+def _with_spans(plan: RequestPlan, canaries: list[str]) -> RequestPlan:
+    spans = tuple(CanarySpan(c, 0, 0, i) for i, c in enumerate(canaries))
+    return dataclasses.replace(plan, canaries=spans)
+
+
+def test_a_splice_of_two_own_canaries_is_an_echo(run: Run) -> None:
+    """Quoted excerpts can join one own canary's head to another's tail: no finding."""
+    plan = run.plan(0, 7)
+    first, second = run.canaries[plan.request_id][:2]
+    head, tail = first.split()[:3], second.split()[3:]  # tag + 2 words | last 4 words
+    splice = " ".join(head + tail)
+    assert run.minter.attribute(splice) is None  # canary-shaped, decoded by no key
+    scan = ContentDetector(run.index).start(_with_spans(plan, run.canaries[plan.request_id]))
+    assert stream(scan, [f"quoted: {splice} and more"]) == []
+
+
+def test_a_foreign_run_canary_is_not_mistaken_for_a_splice(run: Run) -> None:
+    plan = run.plan(0, 8)
+    stranger = CanaryMinter.from_seed(99, "someone-else").mint(0, 1, 0)
+    scan = ContentDetector(run.index).start(_with_spans(plan, run.canaries[plan.request_id]))
+    [finding] = stream(scan, [f"a {stranger} b"])
+    assert finding.kind is FindingKind.UNKNOWN_CANARY

@@ -61,6 +61,7 @@ def test_bootstrap_frames_round_trip(room: int, pages: list[int], num_tokens: in
     written=st.none() | st.integers(0, 2**40),
     checksum=st.none() | st.integers(0, 2**64 - 1),
     aborted=st.booleans(),
+    cached=st.integers(0, 2**32 - 1),
 )
 def test_status_frames_round_trip(
     room: int,
@@ -69,8 +70,11 @@ def test_status_frames_round_trip(
     written: int | None,
     checksum: int | None,
     aborted: bool,
+    cached: int,
 ) -> None:
-    status = TransferStatus(room, poll, first_token, written, checksum, aborted)
+    status = TransferStatus(
+        room, poll, first_token, written, checksum, aborted, num_cached_tokens=cached
+    )
     kind, _, body = split(encode_status(status))
     assert kind == Frame.STATUS
     assert decode_status(room, body) == status

@@ -1,0 +1,207 @@
+"""The pytest plugin as a black box, without an engine: options, usage errors, skips, fixtures.
+
+Every test runs pytest on a small project written by `pytester` (in-process unless the
+test is about process start-up), with the plugin loaded from its `pytest11` entry point as
+a user's pytest would load it.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+# In-process pytest runs forget the modules they imported when they end (pytester restores
+# sys.modules), and numpy refuses a second import in one process: what the plugin imports
+# lazily is imported once here, so every run reuses it.
+import harness.check_suite  # noqa: F401
+import harness.session  # noqa: F401
+import reports.render  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+NUM_CHECKS = 8
+INI = """
+[pytest]
+asyncio_default_fixture_loop_scope = function
+{extra}
+"""
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """pytest in-process; the plugin's package is already imported here, which pytest
+    would warn about (it cannot rewrite asserts in it), so that one warning is silenced."""
+    return pytester.runpytest("-W", "ignore::pytest.PytestAssertRewriteWarning", *args)
+
+
+def project(pytester: pytest.Pytester, ini: str = "", **files: str) -> None:
+    pytester.makeini(INI.format(extra=ini))
+    if files:
+        pytester.makepyfile(**{name: textwrap.dedent(body) for name, body in files.items()})
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on: connections are refused at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_help_shows_one_kvcanary_group_with_the_shared_options(pytester: pytest.Pytester) -> None:
+    project(pytester)
+    result = run(pytester, "--help")
+    assert result.ret == 0
+    text = result.stdout.str()
+    group = text[text.index("kvcanary: cross-tenant KV-cache leak checks:") :]
+    group = group[: group.index("\n\n")]
+    for flag in (
+        "--kvcanary-target=", "--kvcanary-engine=", "--kvcanary-engine-fix=",
+        "--kvcanary-suite", "--kvcanary-model=", "--kvcanary-api=", "--kvcanary-tenants=",
+        "--kvcanary-pool-tokens=", "--kvcanary-context-tokens=", "--kvcanary-page-size=",
+        "--kvcanary-tokenizer=", "--kvcanary-requests=", "--kvcanary-duration=",
+        "--kvcanary-concurrency=", "--kvcanary-seed=", "--kvcanary-out=", "--kvcanary-config=",
+    ):  # fmt: skip
+        assert flag in group, flag
+    # the CLI's help text, defaults included, comes from the same definitions
+    assert "Number of simulated tenants. Default: 4." in group
+    assert "kvcanary_target (string)" in text  # the ini equivalent
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kvcanary-tenants=zero"], "argument --kvcanary-tenants: expected a positive integer"),
+        (["--kvcanary-engine=leaky"], "argument --kvcanary-engine: expected one of vulnerable, hardened"),
+        (["--kvcanary-engine-fix=page_tags"], "--kvcanary-engine-fix needs --kvcanary-engine"),
+        (["--kvcanary-engine=vulnerable", "--kvcanary-engine-fix=bogus"], "unknown fix bogus"),
+        (["--kvcanary-engine=hardened", "--kvcanary-target=http://x"], "not both"),
+        (["--kvcanary-tenants=1"], "--tenants must be at least 2"),
+    ],
+)
+def test_unusable_settings_are_one_line_usage_errors(
+    pytester: pytest.Pytester, args: list[str], message: str
+) -> None:
+    project(pytester, test_a="def test_a(): pass")
+    result = run(pytester, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+
+
+def test_a_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:
+    project(pytester, ini="kvcanary_requests = many", test_a="def test_a(): pass")
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "kvcanary: ini kvcanary_requests: expected a positive integer" in result.stderr.str()
+
+
+def test_without_a_target_the_suite_and_marked_tests_skip_with_the_reason(
+    pytester: pytest.Pytester,
+) -> None:
+    project(
+        pytester,
+        test_user="""
+            import pytest
+
+            @pytest.mark.kvcanary
+            def test_marked():
+                raise AssertionError("must not run without a target")
+
+            def test_run(kvcanary_run):
+                raise AssertionError("must not run without a target")
+        """,
+    )
+    result = run(pytester, "--kvcanary-suite", "-rs")
+    result.assert_outcomes(skipped=NUM_CHECKS + 2)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]*] *kvcanary: no target configured; pass --kvcanary-target=URL or "
+         "--kvcanary-engine=vulnerable|hardened*"]
+    )  # fmt: skip
+    result.stdout.fnmatch_lines(["kvcanary ssssssss*"])  # the suite's node id
+
+
+def test_the_suite_is_only_collected_when_asked_for(pytester: pytest.Pytester) -> None:
+    project(pytester, test_a="def test_a(): pass")
+    run(pytester).assert_outcomes(passed=1)
+    result = run(pytester, "--kvcanary-suite", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["test_a.py::test_a", "kvcanary::test_1_over_pool_prompts_*"])
+    assert "8 tests collected" not in result.stdout.str()
+    assert f"{NUM_CHECKS + 1} tests collected" in result.stdout.str()
+
+
+def test_tenants_and_canaries_need_no_target(pytester: pytest.Pytester) -> None:
+    project(
+        pytester,
+        test_canaries="""
+            def test_prompt_of_exact_length(kvcanary_tenants, kvcanary_canaries):
+                assert [t.name for t in kvcanary_tenants] == ["tenant-0", "tenant-1", "tenant-2"]
+                prompt = kvcanary_canaries.prompt(300, tenant=2)
+                assert kvcanary_canaries.tokenizer.count(prompt.text) == 300
+                owners = kvcanary_canaries.owners("echo:" + prompt.canaries[3].text)
+                assert {owner.tenant for owner in owners} == {"tenant-2"}
+                other = kvcanary_canaries.prompt(300, tenant=0)
+                assert not kvcanary_canaries.owners(other.text) & owners
+        """,
+    )
+    run(pytester, "--kvcanary-tenants=3", "--kvcanary-seed=5").assert_outcomes(passed=1)
+
+
+def test_an_unreachable_target_fails_every_check_with_one_line(pytester: pytest.Pytester) -> None:
+    url = closed_port_url()
+    project(pytester, ini=f"kvcanary_target = {url}")  # the ini spelling of --kvcanary-target
+    result = run(pytester, "--kvcanary-suite", "--junitxml=junit.xml", "--kvcanary-out=o")
+    result.assert_outcomes(failed=NUM_CHECKS)
+    result.stdout.fnmatch_lines(
+        [f"kvcanary check 1 could not run: cannot reach the target at {url}*"]
+    )
+    assert "Traceback" not in result.stdout.str()
+    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+    assert {case.get("classname") for case in cases} == {"kvcanary"}
+
+
+def test_a_config_file_supplies_settings_and_kvcanary_run_checks_its_overrides(
+    pytester: pytest.Pytester,
+) -> None:
+    url = closed_port_url()
+    pytester.makefile(".toml", kv=f'[run]\ntarget = "{url}"\nrequests = 5\n')
+    project(
+        pytester,
+        test_user="""
+            def test_bad_override(kvcanary_run):
+                kvcanary_run(requestz=3)
+
+            def test_unreachable(kvcanary_run):
+                kvcanary_run(requests=2)
+        """,
+    )
+    result = run(pytester, "--kvcanary-config=kv.toml", "--kvcanary-out=o")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        ["*kvcanary: kvcanary_run() got unknown setting(s) requestz; known: *",
+         f"*kvcanary: cannot reach the target at {url}*"]
+    )  # fmt: skip
+
+
+def test_a_bad_config_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", kv="[run]\nbogus = 1\n")
+    project(pytester, test_a="def test_a(): pass")
+    result = run(pytester, "--kvcanary-config=kv.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "unknown key `bogus` in [run]" in result.stderr.str()
+
+
+def test_loading_the_plugin_imports_nothing_heavy() -> None:
+    # what `pytest` pays for the plugin when no kvcanary option is used
+    heavy = ("torch", "pandas", "numpy", "httpx", "reference_engine", "harness.session",
+             "harness.runner", "harness.target_under_test", "reports")  # fmt: skip
+    code = (
+        "import sys, harness.pytest_plugin\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} or m in {heavy!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
