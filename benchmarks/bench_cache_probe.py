@@ -10,10 +10,12 @@ Two parts, both using the probe's own statistics (`harness.cache_stats`):
              smallest trial count with power >= 0.95, and the false-positive rate of one
              contrast with no speedup (p-value calibration at several alphas).
     engine   Runs of the real probe (`harness.cache_probe`) against the bundled reference
-             engine over HTTP: with the prefix cache on and no salt, detection per trial
-             count and prefix fraction (the measured TTFT speedup is reported next to it);
-             with the cache off, repeated runs count findings (false positives) and
-             verdicts (every one should be `unverifiable`).
+             engine over HTTP (separate processes, as `kvcanary run` starts it). With the
+             prefix cache on and no salt: one large run per prefix fraction (the TTFT
+             speedup it measures is reported), then timing-only detection rates when each
+             arm has n of those measured TTFTs (subsampled without replacement). With the
+             cache off: repeated default runs count findings (false positives) and verdicts
+             (every one should be `unverifiable`).
 
     .venv/bin/python benchmarks/bench_cache_probe.py --part sim       # about a minute
     .venv/bin/python benchmarks/bench_cache_probe.py --part engine    # several minutes
@@ -37,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.cache_probe import DEFAULT_NUM_TRIALS, ProbeSettings
+from harness.cache_probe import DEFAULT_NUM_TRIALS, DEFAULT_PROMPT_TOKENS, ProbeSettings
 from harness.cache_stats import DEFAULT_ALPHA, compare_arms, holm
 
 SPEEDUPS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
@@ -127,57 +129,109 @@ def run_simulation(num_reps: int, num_pairs: int, alpha: float, quick: bool) -> 
 # -- against the bundled engine ------------------------------------------------------------
 
 
-async def engine_probe(
-    base_url: str, settings: ProbeSettings, tenants: list[Any]
-) -> dict[str, Any]:
+async def engine_probe(base_url: str, settings: ProbeSettings, tenants: list[Any]) -> Any:
     from canaries import load_tokenizer
     from harness.cache_probe import run_cache_probe
     from harness.client import TargetClient, make_http_client
 
     async with make_http_client(max_concurrency=2) as http:
         client = TargetClient(http, base_url, model="kvcanary-reference")
-        t0 = time.perf_counter()
-        result = await run_cache_probe(client, tenants, load_tokenizer("cl100k_base"), settings)
-        wall_s = time.perf_counter() - t0
+        return await run_cache_probe(client, tenants, load_tokenizer("cl100k_base"), settings)
+
+
+def summarize(result: Any) -> dict[str, Any]:
+    positive = result.assessment.positive_control
     cross = [c for c in result.assessment.contrasts if c.kind == "cross_tenant"]
     return {
         "verdict": result.verdict,
         "num_findings": len(result.findings),
-        "wall_s": round(wall_s, 1),
         "num_requests": result.design.num_requests,
-        "positive_p": result.assessment.positive_control.test.p_value,
-        "positive_ratio": result.assessment.positive_control.test.median_ratio,
+        "positive_p": positive.test.p_value,
+        "positive_timing_hit": positive.timing_hit,
+        "speedup": 1.0 / positive.test.median_ratio,
         "cross_p_adjusted": [c.p_adjusted for c in cross],
-        "cross_median_ratio": [c.test.median_ratio for c in cross],
+        "cross_timing_hit": [c.timing_hit for c in cross],
+        "cross_speedup": [1.0 / c.test.median_ratio for c in cross],
         "agreement": result.assessment.agreement,
     }
 
 
-def run_engine(quick: bool, num_fpr_runs: int) -> dict[str, Any]:
+def resampled_power(
+    result: Any, num_trials: int, num_reps: int, rng: np.random.Generator
+) -> dict[str, float]:
+    """Timing-only detection rates when each arm has `num_trials` of the measured TTFTs."""
+    from harness.cache_stats import ArmPair, ArmSample, assess
+
+    def arm(kind: str, pair: tuple[str, str] | None) -> np.ndarray:
+        return np.array(
+            [
+                o.ttft_ms
+                for o in result.outcomes
+                if o.trial.arm == kind
+                and o.ttft_ms is not None
+                and (pair is None or (o.trial.owner, o.trial.prober) == pair)
+            ]
+        )
+
+    def draw(values: np.ndarray) -> ArmSample:
+        return ArmSample(tuple(rng.choice(values, num_trials, replace=False).tolist()))
+
+    pairs = result.design.pairs
+    same, misses = arm("same_tenant", None), {p: arm("miss", p) for p in pairs}
+    cross = {p: arm("cross_tenant", p) for p in pairs}
+    positive_hits = cross_hits = 0
+    for _ in range(num_reps):
+        pooled = np.concatenate([draw(misses[p]).ttft_ms for p in pairs])
+        assessment = assess(
+            ArmPair("same_tenant", "*", "*", draw(same), ArmSample(tuple(pooled))),
+            [
+                ArmPair("cross_tenant", o, b, draw(cross[(o, b)]), draw(misses[(o, b)]))
+                for o, b in pairs
+            ],
+            shared_tokens=result.design.settings.num_prefix_tokens,
+        )
+        positive_hits += assessment.positive_control.timing_hit
+        cross_hits += sum(c.timing_hit for c in assessment.contrasts)
+    return {
+        "positive": positive_hits / num_reps,
+        "cross": cross_hits / (num_reps * len(pairs)),
+    }
+
+
+def run_engine(quick: bool, num_fpr_runs: int, num_reps: int) -> dict[str, Any]:
     from reference_engine.server.launch import running_engine
     from tenants.tenant import Tenant
 
     tenants = [Tenant("tenant-0"), Tenant("tenant-1")]
-    prompt_tokens = 512 if quick else 1024
+    prompt_tokens = 512 if quick else DEFAULT_PROMPT_TOKENS
+    big_n = 12 if quick else 40
+    rng = np.random.default_rng(7)
     detection: list[dict[str, Any]] = []
     fractions = (0.5, 0.875) if quick else (0.25, 0.5, 0.75, 0.875)
-    trials = (5, 8) if quick else (5, 8, 10, 20)
     with running_engine("vulnerable", processes=True, prefix_cache=True) as engine:
         for fraction in fractions:
-            for n in trials:
-                settings = ProbeSettings(
-                    num_trials=n, num_prompt_tokens=prompt_tokens, prefix_fraction=fraction
-                )
-                row = asyncio.run(engine_probe(str(engine.base_url), settings, tenants))
-                row.update(prefix_fraction=fraction, num_trials=n)
-                print(f"engine cache on: {row}", flush=True)
-                detection.append(row)
+            settings = ProbeSettings(
+                num_trials=big_n, num_prompt_tokens=prompt_tokens, prefix_fraction=fraction
+            )
+            t0 = time.perf_counter()
+            result = asyncio.run(engine_probe(str(engine.base_url), settings, tenants))
+            row = summarize(result) | {"prefix_fraction": fraction, "num_trials": big_n}
+            row["wall_s"] = round(time.perf_counter() - t0, 1)
+            row["resampled_power"] = {
+                str(n): resampled_power(result, n, num_reps, rng)
+                for n in TRIALS
+                if n <= big_n // 2 or (quick and n <= big_n)
+            }
+            print(f"engine cache on: {row}", flush=True)
+            detection.append(row)
     verdicts: Counter[str] = Counter()
     runs: list[dict[str, Any]] = []
     with running_engine("vulnerable", processes=True) as engine:  # no prefix cache
         for run in range(num_fpr_runs):
             settings = ProbeSettings(num_prompt_tokens=prompt_tokens, seed=run)
-            row = asyncio.run(engine_probe(str(engine.base_url), settings, tenants))
+            t0 = time.perf_counter()
+            row = summarize(asyncio.run(engine_probe(str(engine.base_url), settings, tenants)))
+            row["wall_s"] = round(time.perf_counter() - t0, 1)
             print(f"engine cache off, run {run}: {row}", flush=True)
             verdicts[row["verdict"]] += 1
             runs.append(row)
@@ -187,6 +241,7 @@ def run_engine(quick: bool, num_fpr_runs: int) -> dict[str, Any]:
         "cache_off_runs": runs,
         "cache_off_verdicts": dict(verdicts),
         "cache_off_findings": sum(r["num_findings"] for r in runs),
+        "cache_off_cross_timing_hits": sum(sum(r["cross_timing_hit"]) for r in runs),
     }
 
 
@@ -208,7 +263,7 @@ def main() -> None:
     if args.part in ("sim", "all"):
         results["simulation"] = run_simulation(reps, args.pairs, DEFAULT_ALPHA, args.quick)
     if args.part in ("engine", "all"):
-        results["engine"] = run_engine(args.quick, 2 if args.quick else args.fpr_runs)
+        results["engine"] = run_engine(args.quick, 2 if args.quick else args.fpr_runs, reps)
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     print(f"wrote {OUT}")

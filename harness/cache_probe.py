@@ -21,7 +21,8 @@ warm-up requests; only the timed request's TTFT enters the statistics, and a tri
 seed request failed is dropped (its prefix may not be cached).
 
 Everything sent and seen can be journaled through `emit` (phase `cache_probe`, plans with
-intent `control`, observations with their one-token text dropped). The statistics are
+intent `control`, observations with their one-token text dropped, findings, and last a
+`ProbeFinished` event with the verdict and statistics). The statistics are
 `harness.cache_stats`; this module knows nothing about how an engine caches.
 """
 
@@ -50,7 +51,14 @@ from harness.cache_stats import (
     findings_of,
 )
 from harness.errors import ConfigError
-from harness.events import Event, FindingRecorded, ObservationRecorded, PhaseStarted, PlanRecorded
+from harness.events import (
+    Event,
+    FindingRecorded,
+    ObservationRecorded,
+    PhaseStarted,
+    PlanRecorded,
+    ProbeFinished,
+)
 from harness.finding import Finding
 from harness.observation import Observation
 from tenants.plan import ApiStyle, RequestPlan
@@ -387,6 +395,7 @@ class CacheProbe:
         result = self.assess(outcomes)
         for finding in result.findings:
             self._event(FindingRecorded(finding, time.time()))
+        self._event(ProbeFinished(PHASE, result.verdict, result.to_details(), time.time()))
         return result
 
     def assess(self, outcomes: Sequence[TrialOutcome]) -> CacheProbeResult:

@@ -24,6 +24,7 @@ What it deliberately does not do: run anything, print, or know about pytest. Run
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ class CheckOutcome:
     requests: pd.DataFrame | None = None
     """The requests table of the run judged (to describe the requests findings name)."""
     out_dir: Path | None = None
+    request_ids: tuple[str, ...] = ()
+    """Requests a failure without findings is about (shown like a finding's request)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,21 +237,32 @@ def usage_matches(run: WorkloadResult) -> CheckOutcome:
 
 
 def real_prefill(run: WorkloadResult) -> CheckOutcome:
+    """No `fast_prefill` finding, and the largest accepted prompt above the detector's bar.
+
+    The timing detector flags an answer only where its margin against false alarms holds
+    (`TtftModel.eligible`: the bar at least k noise scales above the intercept). The largest
+    accepted prompt, the one the incident skipped, is held to the same bar (`threshold`:
+    half the fitted prefill time, less k noise scales) wherever that bar stands at least one
+    noise scale above the intercept, so that an answer with no prefill at all would fall
+    under it; below that the noise hides a prefill and the check is skipped.
+    """
     from reports.ttft import refit_ttft
 
     requests = run.observations
     timed = _accepted(requests).loc[lambda r: r["ttft_ms"].notna()]
     if timed.empty:
         return _failed(f"inconclusive: no answer had a first token ({_errors(requests)})", run)
-    largest = timed.sort_values("num_prompt_tokens", kind="stable").iloc[-1]
-    n_max, ttft_ms = int(largest["num_prompt_tokens"]), float(largest["ttft_ms"])
+    n_max = int(timed["num_prompt_tokens"].max())
+    at_max = timed.loc[timed["num_prompt_tokens"] == n_max].sort_values("ttft_ms")
+    fastest_id, fastest_ms = str(at_max["request_id"].iloc[0]), float(at_max["ttft_ms"].iloc[0])
+    largest = f"the largest accepted prompt ({n_max} tokens, {fastest_id})"
     fast = _findings(run, (FindingKind.FAST_PREFILL,))
     model = refit_ttft(requests)
     if fast:
+        expected = f"; a real prefill takes about {model.predict(n_max):.0f} ms" if model else ""
         return _failed(
-            f"{len(fast)} answer(s) came faster than a real prefill allows; the largest "
-            f"accepted prompt ({n_max} tokens) got its first token after {ttft_ms:.0f} ms"
-            + (f", a real prefill takes about {model.predict(n_max):.0f} ms" if model else ""),
+            f"{len(fast)} answer(s) came faster than a real prefill allows; {largest} got "
+            f"its first token after {fastest_ms:.0f} ms{expected}",
             run,
             fast,
         )
@@ -256,19 +270,23 @@ def real_prefill(run: WorkloadResult) -> CheckOutcome:
         return _skipped(
             "too few answered prompts of distinct lengths to fit TTFT against prompt length", run
         )
-    if not model.eligible(n_max):
+    bar_ms = model.threshold(n_max)
+    if bar_ms - model.intercept_ms < model.scale_ms:
         return _skipped(
-            f"TTFT noise ({model.scale_ms:.0f} ms) is too large next to the prefill of the "
-            f"largest accepted prompt ({n_max} tokens, about {model.ms_per_token * n_max:.0f} "
-            f"ms) to tell a skipped prefill from a real one",
+            f"TTFT noise ({model.scale_ms:.0f} ms) is too large next to the prefill of "
+            f"{largest} (about {model.ms_per_token * n_max:.0f} ms) to tell a skipped prefill "
+            "from a real one",
             run,
         )
-    return _passed(
-        f"the largest accepted prompt ({n_max} tokens) got its first token after "
-        f"{ttft_ms:.0f} ms; a real prefill takes about {model.predict(n_max):.0f} ms "
-        f"(too fast below {max(model.threshold(n_max), 0):.0f} ms)",
-        run,
+    summary = (
+        f"{largest} got its first token after {fastest_ms:.0f} ms; a real prefill takes about "
+        f"{model.predict(n_max):.0f} ms, and an answer under {bar_ms:.0f} ms skipped at least "
+        "half of it"
     )
+    if fastest_ms < bar_ms:
+        failed = _failed(f"{summary}: it was not prefilled", run)
+        return dataclasses.replace(failed, request_ids=(fastest_id,))
+    return _passed(summary, run)
 
 
 def no_leak_after_disconnect(run: WorkloadResult) -> CheckOutcome:
@@ -380,6 +398,9 @@ def describe(check: Check, outcome: CheckOutcome) -> str:
     rows = _rows_by_id(outcome.requests)
     for finding in outcome.findings[:MAX_FINDINGS_SHOWN]:
         lines.extend(describe_finding(finding, rows.get(finding.request_id or "")))
+    for request_id in outcome.request_ids:
+        row = rows.get(request_id)
+        lines.append(f"  - {request_id}: {_request_line(row) if row else 'not in the journal'}")
     if len(outcome.findings) > MAX_FINDINGS_SHOWN:
         lines.append(f"  ... and {len(outcome.findings) - MAX_FINDINGS_SHOWN} more finding(s)")
     if outcome.out_dir is not None:

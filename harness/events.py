@@ -86,6 +86,17 @@ class FindingRecorded:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeFinished:
+    """An opt-in probe phase reached its own verdict (`cache_probe`: `found`, `not_found` or
+    `unverifiable`), with its statistics; findings it made are recorded separately."""
+
+    probe: str
+    verdict: str
+    details: dict[str, Any]
+    t_wall: float
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """The run ended; `reason` is `completed`, `interrupted`, `duration` or `error`."""
 
@@ -96,7 +107,13 @@ class RunFinished:
 
 
 Event = (
-    PhaseStarted | PlanRecorded | ObservationRecorded | FindingRecorded | RunStarted | RunFinished
+    PhaseStarted
+    | PlanRecorded
+    | ObservationRecorded
+    | FindingRecorded
+    | RunStarted
+    | RunFinished
+    | ProbeFinished
 )
 
 _TYPE_OF: dict[type, str] = {
@@ -106,6 +123,7 @@ _TYPE_OF: dict[type, str] = {
     ObservationRecorded: "observation",
     FindingRecorded: "finding",
     RunFinished: "run_finished",
+    ProbeFinished: "probe_finished",
 }
 
 
@@ -152,4 +170,6 @@ def from_record(record: dict[str, Any]) -> Event:
         return PhaseStarted(**body)
     if kind == "run_finished":
         return RunFinished(**body)
+    if kind == "probe_finished":
+        return ProbeFinished(**body)
     raise ValueError(f"unknown journal record type {kind!r}")

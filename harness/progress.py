@@ -36,7 +36,6 @@ DEFAULT_INTERVAL_S = 10.0
 MAX_FINDINGS_SHOWN = 5
 
 
-
 class ProgressDisplay:
     """Shows a run's progress from its events; use as a context manager around the run."""
 

@@ -216,10 +216,6 @@ class RunOutcome:
     """Observations by `error_kind` (rejections are `http_status`)."""
     findings: Counter[str] = field(default_factory=Counter)
 
-    @property
-    def num_findings(self) -> int:
-        return sum(self.findings.values())
-
 
 class Runner:
     """Runs one workload against one target; see the module docstring for the order of events."""

@@ -17,23 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, TypeVar
 
 import httpx
 
 from canaries import (
-    TAG,
     CanaryError,
     CanaryMinter,
     CanaryOrigin,
     Owner,
-    RemoteTokenizer,
     Tokenizer,
     load_tokenizer,
 )
@@ -52,13 +51,15 @@ from harness.run_config import RunConfig
 from harness.run_dir import RunIdentity, prepare_run_dir
 from harness.runner import Budget, Detectors, Runner, RunOutcome, Workload, default_phases
 from harness.server_info import EngineFacts, read_engine_facts
-from tenants.planner import CHAT_INSTRUCTION, Planner, request_id
+from harness.target_tokenizer import ServerTokenizer, chat_overhead, remote_tokenizer
+from tenants.planner import Planner, request_id
 from tenants.tenant import Tenant, default_tenants
 from tenants.workload import WorkloadProfile, get_profile
 
 SOAK_CYCLE_S = 600.0
 """A soak repeats fill / probe / abort every this many seconds (shorter soaks: once)."""
 MAX_RESPONSE_BYTES = 1024 * 1024
+"""Per-response bound: far more than any answer a run asks for (at most tens of tokens)."""
 
 EXIT_BY_VERDICT = {"leak": 1, "clean": 0, "inconclusive": 3}
 
@@ -87,31 +88,49 @@ def run_session(
     *,
     file: IO[str] | None = None,
     live: bool | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> RunResult:
     """Run `config` to its end (or Ctrl-C), render the reports, return the verdict.
 
-    `file` and `live` go to the progress display; `transport` replaces the network (tests).
-    Raises `ConfigError` for unusable settings and `RunIncomplete` when no run could start.
+    `file` and `live` go to the progress display. Raises `ConfigError` for unusable
+    settings and `RunIncomplete` when no run could start.
     """
+    # Everything that can be checked without the target is checked before anything starts.
     tenants = default_tenants(config.tenants, config.api_key_env)
     for tenant in tenants:
-        tenant.auth_headers()  # a missing credential variable is a usage error, before any I/O
+        tenant.auth_headers()  # a missing credential variable is a usage error
     profile = get_profile(config.profile)
+    tokenizer = None if config.tokenizer == "server" else _local_tokenizer(config.tokenizer)
     out_dir, identity = prepare_run_dir(config)
+    setup = _Setup(config, out_dir, identity, tenants, profile, tokenizer)
     display = ProgressDisplay(
         num_requests=config.num_requests, duration_s=config.duration, file=file, live=live
     )
     if config.target is not None:
-        outcome = asyncio.run(
-            _run(config, config.target, out_dir, identity, tenants, profile, display, transport)
-        )
+        outcome = asyncio.run(_run(setup, config.target, display))
     else:
         with _bundled_engine(config, display) as base_url:
-            outcome = asyncio.run(
-                _run(config, base_url, out_dir, identity, tenants, profile, display, transport)
-            )
+            outcome = asyncio.run(_run(setup, base_url, display))
     return _render(config, out_dir, outcome, display)
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What was settled before the target was contacted."""
+
+    config: RunConfig
+    out_dir: Path
+    identity: RunIdentity
+    tenants: list[Tenant]
+    profile: WorkloadProfile
+    tokenizer: Tokenizer | None
+    """The local tokenizer, or None for `--tokenizer server`."""
+
+
+def _local_tokenizer(spec: str) -> Tokenizer:
+    try:
+        return load_tokenizer(spec)
+    except CanaryError as exc:
+        raise ConfigError(f"--tokenizer {spec}: {exc}") from None
 
 
 @contextlib.contextmanager
@@ -152,20 +171,12 @@ def _render(
 # -- the run itself --------------------------------------------------------------------
 
 
-async def _run(
-    config: RunConfig,
-    base_url: str,
-    out_dir: Path,
-    identity: RunIdentity,
-    tenants: list[Tenant],
-    profile: WorkloadProfile,
-    display: ProgressDisplay,
-    transport: httpx.AsyncBaseTransport | None,
-) -> RunOutcome:
+async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOutcome:
+    config, tenants, identity = setup.config, setup.tenants, setup.identity
     pacing = _pacing(config, identity.seed)
     max_in_flight = pacing.concurrency if isinstance(pacing, ClosedLoop) else pacing.max_in_flight
     timeout = httpx.Timeout(connect=10.0, read=config.timeout, write=60.0, pool=None)
-    async with _http_client(max_in_flight, timeout, transport) as http:
+    async with make_http_client(max_concurrency=max_in_flight, timeout=timeout) as http:
         facts = await read_engine_facts(http, base_url, headers=tenants[0].auth_headers())
         if not facts.reachable:
             raise RunIncomplete(f"cannot reach the target at {base_url}: {_why(facts)}")
@@ -183,9 +194,7 @@ async def _run(
             f"tokens, context {limits.context_tokens}, page {limits.page_size} "
             f"[{limits.source}]"
         )
-        planner = await _planner(
-            config, http, base_url, model, tenants, profile, limits, identity, display
-        )
+        planner = await _planner(setup, http, base_url, model, limits, display)
         detectors = Detectors(
             ContentDetector(planner.index, redact_excerpts=not config.keep_raw_evidence),
             ProtocolDetector(limits),
@@ -198,7 +207,7 @@ async def _run(
             max_response_bytes=MAX_RESPONSE_BYTES,
             deadline_s=config.timeout,
         )
-        journal = JournalWriter(out_dir / JOURNAL_NAME)
+        journal = JournalWriter(setup.out_dir / JOURNAL_NAME)
 
         def emit(event: Event) -> None:
             journal.write(event)
@@ -215,7 +224,7 @@ async def _run(
                         "probe": planner.probes(),
                         "abort": planner.abort_plans(),
                     },
-                    default_phases(profile.victim_fraction),
+                    default_phases(setup.profile.victim_fraction),
                 ),
                 index=planner.index,
                 detectors=detectors,
@@ -226,19 +235,11 @@ async def _run(
                 num_previous_requests=identity.num_previous_requests,
             )
             display.note(f"journal: {journal.path}")
-            with display, _interrupts(runner, display):
-                async with _soak_tasks(config, out_dir, journal, display):
+            with display, _interrupts(runner, display), _frozen_heap():
+                async with _soak_tasks(config, setup.out_dir, journal, display):
                     return await runner.run()
         finally:
             journal.close()
-
-
-def _http_client(
-    max_in_flight: int, timeout: httpx.Timeout, transport: httpx.AsyncBaseTransport | None
-) -> httpx.AsyncClient:
-    if transport is None:
-        return make_http_client(max_concurrency=max_in_flight, timeout=timeout)
-    return httpx.AsyncClient(transport=transport, timeout=timeout)
 
 
 def _why(facts: EngineFacts) -> str:
@@ -261,25 +262,25 @@ def _budget(config: RunConfig) -> Budget:
 
 
 async def _planner(
-    config: RunConfig,
+    setup: _Setup,
     http: httpx.AsyncClient,
     base_url: str,
     model: str,
-    tenants: list[Tenant],
-    profile: WorkloadProfile,
     limits: Limits,
-    identity: RunIdentity,
     display: ProgressDisplay,
 ) -> Planner:
-    tokenizer, remote = await _tokenizer(config, http, base_url, model, tenants[0])
-    if remote is not None:
+    config, tenants, identity = setup.config, setup.tenants, setup.identity
+    tokenizer, remote = setup.tokenizer, None
+    if tokenizer is None:
+        remote = await remote_tokenizer(http, base_url, model, tenants[0])
+        tokenizer = ServerTokenizer(remote, asyncio.get_running_loop(), base_url)
         display.note(
             "tokenizer: the target's own; the first plan waits for a few thousand tokenize "
             "requests that measure the canary pieces once"
         )
-    chat_overhead = 0
+    num_chat_tokens = 0
     if config.api == "chat":
-        chat_overhead = await _chat_overhead(http, base_url, model, tokenizer, remote, tenants[0])
+        num_chat_tokens = await chat_overhead(http, base_url, model, tokenizer, remote, tenants[0])
     # A given seed makes the whole run reproducible, canary key included; without one the
     # key is random and never leaves this process.
     if config.seed is not None:
@@ -289,77 +290,18 @@ async def _planner(
     planner = await asyncio.to_thread(  # may count tokens, which a server tokenizer needs
         Planner,
         tenants,
-        profile,
+        setup.profile,
         tokenizer,
         minter,
         limits,
         api=config.api,
         page_size=limits.page_size,
         seed=identity.seed,
-        chat_overhead_tokens=chat_overhead,
+        chat_overhead_tokens=num_chat_tokens,
         first_request=identity.next_request,
     )
     planner.index.owner_of = _owner_of(tenants)
     return planner
-
-
-async def _tokenizer(
-    config: RunConfig, http: httpx.AsyncClient, base_url: str, model: str, tenant: Tenant
-) -> tuple[Tokenizer, RemoteTokenizer | None]:
-    """The tokenizer prompts are measured in, and the target's own when that is the one."""
-    if config.tokenizer != "server":
-        try:
-            return load_tokenizer(config.tokenizer), None
-        except CanaryError as exc:
-            raise ConfigError(f"--tokenizer {config.tokenizer}: {exc}") from None
-    remote = RemoteTokenizer(http, base_url, headers=tenant.auth_headers(), model=model)
-    try:
-        await remote.count(" probe")  # learn the route now, so a missing one is a clear error
-    except (CanaryError, httpx.HTTPError) as exc:
-        raise ConfigError(
-            f"--tokenizer server: {base_url} has no usable /v1/tokenize or /tokenize route "
-            f"({exc}); give a tokenizer name or a tokenizer.json path"
-        ) from None
-    return ServerTokenizer(remote, asyncio.get_running_loop(), base_url), remote
-
-
-class ServerTokenizer:
-    """The target's tokenizer (`canaries.RemoteTokenizer`) behind the planner's synchronous
-    `Tokenizer` interface.
-
-    Each call blocks its thread on a coroutine run by the session's event loop, so calls
-    must come from another thread: the runner builds plans in a worker thread. Counting is
-    all prompt building needs; `decode` is not offered by a tokenize route.
-    """
-
-    vocab_size = 0
-    """Unknown over HTTP; with `name` it only keys the per-tokenizer cost cache."""
-
-    def __init__(
-        self, remote: RemoteTokenizer, loop: asyncio.AbstractEventLoop, base_url: str
-    ) -> None:
-        self.name = f"server:{base_url}"
-        self._remote = remote
-        self._loop = loop
-        self._loop_thread = threading.get_ident()
-
-    def encode(self, text: str) -> list[int]:
-        return self._wait(self._remote.encode, text)
-
-    def count(self, text: str) -> int:
-        return self._wait(self._remote.count, text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise CanaryError("the target's tokenize route counts tokens; it cannot decode them")
-
-    def _wait(self, call: Callable[[str], Coroutine[Any, Any, T]], text: str) -> T:
-        assert threading.get_ident() != self._loop_thread, "would block the loop it waits on"
-        try:
-            return asyncio.run_coroutine_threadsafe(call(text), self._loop).result()
-        except httpx.HTTPError as exc:
-            raise RunIncomplete(f"the target's tokenize route failed: {exc!r}") from None
-        except CanaryError as exc:
-            raise RunIncomplete(f"the target's tokenize route failed: {exc}") from None
 
 
 def _owner_of(tenants: list[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
@@ -371,49 +313,6 @@ def _owner_of(tenants: list[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
         return Owner(tenants[origin.tenant].name, request_id(origin.tenant, origin.request))
 
     return owner_of
-
-
-async def _chat_overhead(
-    http: httpx.AsyncClient,
-    base_url: str,
-    model: str,
-    tokenizer: Tokenizer,
-    remote: RemoteTokenizer | None,
-    tenant: Tenant,
-) -> int:
-    """Tokens the target's chat template adds around a planned message.
-
-    vLLM's tokenize route renders the template itself. Otherwise one tiny chat request is
-    sent and its `usage.prompt_tokens` compared with the message's own count; the message
-    starts and ends like every planned chat prompt (a canary tag, then the planner's
-    instruction), so the template's boundary tokens are the same.
-    """
-    if remote is not None:
-        with contextlib.suppress(CanaryError, httpx.HTTPError):
-            return await remote.chat_overhead(model)
-    message = f" {TAG}{CHAT_INSTRUCTION}"
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": message}],
-        "max_tokens": 1,
-        "stream": False,
-    }
-    url = f"{base_url.rstrip('/')}/v1/chat/completions"
-    try:
-        response = await http.post(url, json=body, headers=tenant.auth_headers())
-        prompt_tokens = int(response.json()["usage"]["prompt_tokens"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"cannot measure the chat template's size at {url} ({type(exc).__name__}: no "
-            "usage in its answer); use --api completions"
-        ) from None
-    overhead = prompt_tokens - await asyncio.to_thread(tokenizer.count, message)
-    if overhead < 0:
-        raise ConfigError(
-            f"{url} counts fewer tokens than --tokenizer {tokenizer.name} does; "
-            "give the model's tokenizer (--tokenizer PATH/tokenizer.json)"
-        )
-    return overhead
 
 
 def _run_started(
@@ -429,6 +328,9 @@ def _run_started(
 
     settings = config.to_record()
     settings["resumed"] = identity.resumed
+    # the budget and pacing as applied, defaults included
+    settings["num_requests"] = config.num_requests
+    settings["num_workers"] = config.num_workers
     return RunStarted(
         run_id=identity.run_id,
         target=base_url,
@@ -442,6 +344,22 @@ def _run_started(
         versions={"kvcanary": metadata.version("kvcanary"), "httpx": httpx.__version__},
         t_wall=datetime.now(UTC).timestamp(),
     )
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Keep the garbage collector from walking everything built so far during the run.
+
+    A full collection over a large heap pauses the event loop for tens of milliseconds, and
+    a pause while a response is streaming lands in its time to first token. Freezing moves
+    the objects that exist now out of the collector's reach (vLLM's bench does the same).
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager

@@ -100,6 +100,9 @@ class EngineConfig:
     # scheduling and transfer
     prefill_chunk_tokens: int = 512
     transfer_chunk_pages: int = 16
+    transfer_bandwidth_bytes_per_s: float | None = None
+    """Each KV write is in flight for `bytes / bandwidth` (RDMA writes on a bandwidth-limited
+    link; writes of different requests concurrently). None: writes land at once."""
     max_running_requests: int = 32
     bootstrap_timeout_s: float = 60.0
     """Prefill waiting for decode's metadata (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)."""
@@ -223,6 +226,11 @@ def _check_runtime(c: EngineConfig) -> str | None:
         value = getattr(c, name)
         if not (value > 0 and math.isfinite(value)):
             return f"{name} must be a positive number of seconds, got {value}"
+    bandwidth = c.transfer_bandwidth_bytes_per_s
+    if bandwidth is not None and not (
+        isinstance(bandwidth, int | float) and bandwidth > 0 and math.isfinite(bandwidth)
+    ):
+        return f"transfer_bandwidth_bytes_per_s must be a positive number, got {bandwidth!r}"
     return None
 
 

@@ -69,7 +69,11 @@ class DisaggregatedEngine:
 
     def __init__(self, config: EngineConfig, transfer: TransferBackend | None = None) -> None:
         self.config = config
-        self.transfer = transfer if transfer is not None else InProcessTransfer()
+        if transfer is None:
+            transfer = InProcessTransfer(
+                bandwidth_bytes_per_s=config.transfer_bandwidth_bytes_per_s
+            )
+        self.transfer = transfer
         self.prefill = build_prefill(config, self.transfer)
         self.decode = build_decode(config, self.transfer)
         self._prefill_calls: set[asyncio.Task[FinishOut]] = set()

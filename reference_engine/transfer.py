@@ -3,13 +3,18 @@
 What it models, per bootstrap room (SGLang's Mooncake sender/receiver pair, minus RDMA):
 
     decode   register_receiver(meta, sink)  -> prefill's wait_for_metadata returns (WaitingForInput)
-    prefill  send_pages(chunk)              -> after `latency_s` the chunk lands in decode's sink
+    prefill  send_pages(chunk)              -> the chunk lands in decode's sink after its flight
     prefill  conclude(status)               -> decode's receiver_status returns; also the drain ack
     decode   cancel_receiver(room)          -> prefill's is_cancelled turns True
 
-A chunk that was posted lands even if decode cancels the room while it is in flight: the
-stale-writer hazard. `wait_drained` returns only once prefill has concluded the room, which it
-does after its last posted write has landed (SGLang's ABORT_ACK after drain, #35049).
+A chunk's flight time is `latency_s + len(payload) / bandwidth_bytes_per_s` (`flight_time_s`):
+a posted write occupies a bandwidth-limited link for a time proportional to its size, as an
+RDMA write does (Mooncake, NIXL), and writes of different rooms are in flight concurrently,
+each at the full bandwidth (a link per write, no contention). So a large write posted before
+a small one can land after it. A chunk that was posted lands even if decode cancels the room
+while it is in flight: the stale-writer hazard. `wait_drained` returns only once prefill has
+concluded the room, which it does after its last posted write has landed (SGLang's ABORT_ACK
+after drain, #35049).
 
 A room's record is dropped once prefill has concluded it and decode is done with it (read the
 status, or cancelled). What it does not do: check lengths. The sender decides how many pages
@@ -45,12 +50,26 @@ class _Room:
         self.changed = asyncio.Event()
 
 
-class InProcessTransfer(TransferBackend):
-    """Both sides in one event loop; `latency_s` is how long a posted chunk is in flight."""
+def flight_time_s(
+    num_bytes: int, bandwidth_bytes_per_s: float | None, latency_s: float = 0.0
+) -> float:
+    """How long a write of `num_bytes` is in flight on a link (None: infinite bandwidth)."""
+    assert num_bytes >= 0
+    assert latency_s >= 0
+    assert bandwidth_bytes_per_s is None or bandwidth_bytes_per_s > 0
+    if bandwidth_bytes_per_s is None:
+        return latency_s
+    return latency_s + num_bytes / bandwidth_bytes_per_s
 
-    def __init__(self, latency_s: float = 0.0) -> None:
+
+class InProcessTransfer(TransferBackend):
+    """Both sides in one event loop; a posted chunk is in flight for `flight_time_s`."""
+
+    def __init__(self, latency_s: float = 0.0, bandwidth_bytes_per_s: float | None = None) -> None:
         assert latency_s >= 0
+        assert bandwidth_bytes_per_s is None or bandwidth_bytes_per_s > 0
         self.latency_s = latency_s
+        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self._rooms: dict[int, _Room] = {}
 
     def _room(self, room: int) -> _Room:
@@ -114,9 +133,10 @@ class InProcessTransfer(TransferBackend):
         assert record.sink is not None
         dst = record.meta.dst_page_ids[chunk.first_page : chunk.first_page + chunk.num_pages]
         assert len(dst) == chunk.num_pages, "chunk runs past the destination pages"
+        flight_s = flight_time_s(len(chunk.payload), self.bandwidth_bytes_per_s, self.latency_s)
         record.num_in_flight += 1
         try:
-            await asyncio.sleep(self.latency_s)  # in flight: decode may cancel meanwhile
+            await asyncio.sleep(flight_s)  # in flight: decode may cancel, even free, meanwhile
             record.sink.write_pages(dst, chunk.payload)
         finally:
             record.num_in_flight -= 1

@@ -162,9 +162,7 @@ class ResponseScan:
             self._own_parts = _prefixes_and_suffixes(c.text for c in self.plan.canaries)
         prefixes, suffixes = self._own_parts
         body = tuple(words[1:])  # words[0] is the tag
-        return any(
-            body[:cut] in prefixes and body[cut:] in suffixes for cut in range(1, len(body))
-        )
+        return any(body[:cut] in prefixes and body[cut:] in suffixes for cut in range(1, len(body)))
 
     def _finding(self, key: OwnerKey, relation: Relation) -> Finding:
         tally = self._tallies[key]

@@ -17,8 +17,13 @@ The model, fitted on the run's own traffic:
   are kept (a seeded reservoir sample), which bounds the cost of a refit in long soaks.
 - **Fit.** Siegel's repeated-medians line (`scipy.stats.siegelslopes`, 50% breakdown: up to
   half the fit set may be outliers such as queueing spikes), the slope clamped at >= 0.
-  `scale_ms` is the robust residual scale, 1.4826 x the median absolute residual, floored at
-  `min_scale_ms`. The fit needs `min_samples` samples of at least two distinct prompt
+  The intercept and `scale_ms` are read from the *fast side* of the residuals: scale =
+  (Q25 - Q05) / 0.9704 and intercept = Q25 + 0.6745 x scale, floored at `min_scale_ms`.
+  Contention (client or server CPU, queueing) only ever delays a first token, so the slow
+  side says nothing about how fast a real prefill can be; a median line and a symmetric MAD
+  drift up under load until no prompt is long enough to judge. For noise without contention
+  these equal the median line and the usual sigma; the line is the *uncontended* TTFT.
+  The fit needs `min_samples` samples of at least two distinct prompt
   lengths; it is refitted each time the fit set grows by a quarter, and once more at
   `finish()`.
 - **Rule.** With k = `num_sigmas` and f = `fraction`:
@@ -60,7 +65,9 @@ from harness.observation import Observation
 from tenants.plan import RequestPlan
 
 DETECTOR = "timing"
-_MAD_TO_SIGMA = 1.4826
+_Z25 = 0.6745
+"""-z of the 25th percentile of a normal distribution."""
+_Z25_MINUS_Z05 = 1.6449 - 0.6745
 _REFIT_GROWTH = 1.25
 
 
@@ -71,7 +78,7 @@ class TtftModel:
     intercept_ms: float
     ms_per_token: float
     scale_ms: float
-    """Robust residual scale (1.4826 x median absolute residual, floored)."""
+    """Noise of the fastest responses: (Q25 - Q05) of the residuals / 0.9704, floored."""
     num_samples: int
     """Samples in the fit (at most `max_fit_samples`)."""
     num_sigmas: float
@@ -279,12 +286,11 @@ class TimingDetector:
             return
         result = siegelslopes(y, x)
         slope = max(float(result.slope), 0.0)
-        intercept = float(np.median(y - slope * x))
-        mad = float(np.median(np.abs(y - (intercept + slope * x))))
+        intercept, scale = _uncontended_center_and_scale(y - slope * x)
         self._model = TtftModel(
             intercept_ms=intercept,
             ms_per_token=slope,
-            scale_ms=max(_MAD_TO_SIGMA * mad, self.min_scale_ms),
+            scale_ms=max(scale, self.min_scale_ms),
             num_samples=int(x.size),
             num_sigmas=self.num_sigmas,
             fraction=self.fraction,
@@ -348,3 +354,17 @@ def _finding(c: _Candidate, model: TtftModel, when: str) -> Finding:
             "model": model.to_dict(),
         },
     )
+
+
+def _uncontended_center_and_scale(residuals: np.ndarray) -> tuple[float, float]:
+    """Center and spread of the fastest responses, read from the residuals' low quantiles.
+
+    Contention adds delay to some responses and never removes any, so the low quantiles
+    belong to the undelayed population. Scale: (Q25 - Q05) / (z25 - z05); center: Q25 plus
+    0.6745 scales. For noise without contention they equal the median and the usual sigma;
+    with a fraction u >= 1/4 of responses undelayed they overstate the spread (by at most
+    ~1.5x at u = 0.4), which only makes the rule more conservative.
+    """
+    q05, q25 = np.quantile(residuals, [0.05, 0.25])
+    scale = float(q25 - q05) / _Z25_MINUS_Z05
+    return float(q25) + _Z25 * scale, scale

@@ -147,7 +147,9 @@ def build_app(config: Any, *, transfer: TransferBackend | None = None) -> FastAP
     from reference_engine.engine import build_decode, build_prefill
     from reference_engine.transfer import InProcessTransfer
 
-    transfer = transfer if transfer is not None else InProcessTransfer()
+    if transfer is None:
+        bandwidth = getattr(config, "transfer_bandwidth_bytes_per_s", None)
+        transfer = InProcessTransfer(bandwidth_bytes_per_s=bandwidth)
     prefill_app = build_side_app(build_prefill(config, transfer), "prefill", config)
     decode_app = build_side_app(build_decode(config, transfer), "decode", config)
     return build_in_process_router(prefill_app, decode_app, transfer)

@@ -106,6 +106,14 @@ def register(subparsers: Any) -> None:
         "--disable-radix-cache); it is shared by every tenant unless the cache_salt or "
         "derive_cache_salt fix is on",
     )
+    add(
+        "--transfer-bandwidth",
+        type=float,
+        metavar="BYTES_PER_S",
+        help="bandwidth of the prefill-to-decode KV link: each KV write is in flight for its "
+        "size / bandwidth, writes of different requests concurrently, so a large write posted "
+        "before an abort can land after a later request's writes (default: writes land at once)",
+    )
     add("--device", help="cpu (default) or cuda[:N]")
     add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     add(
@@ -141,6 +149,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.prefix_cache:
         overrides["prefix_cache"] = True
+    if args.transfer_bandwidth is not None:
+        overrides["transfer_bandwidth_bytes_per_s"] = args.transfer_bandwidth
     return overrides
 
 
@@ -159,6 +169,8 @@ def _serve(args: argparse.Namespace) -> int:
     summary = f"preset {config.preset}, fixes {fixes}"
     if config.prefix_cache:
         summary += ", prefix cache on"
+    if config.transfer_bandwidth_bytes_per_s is not None:
+        summary += f", KV link {config.transfer_bandwidth_bytes_per_s:g} bytes/s"
     if args.processes:
         return _serve_processes(args, config, summary)
     return _serve_in_process(args, config, summary)

@@ -25,6 +25,11 @@ notices a cancel still land in decode's pages: that is the page-lifetime hazard 
 `deferred_release` fix guards, and this backend reproduces it rather than hiding it. A lost
 connection fails every room on it (decode sees Failed, prefill sees cancelled).
 
+With a bandwidth (`transfer_bandwidth_bytes_per_s`), prefill holds each PAGES frame for its
+flight time (`transfer.flight_time_s`) before writing it, without holding other rooms' frames:
+a large write posted before a small one lands after it, as on an RDMA link. The room's STATUS
+and DRAIN_ACK still follow its last PAGES frame, so a drain ack still means "landed".
+
 It knows frames and rooms, not pools, models or HTTP.
 """
 
@@ -46,6 +51,7 @@ from reference_engine.interfaces import (
     TransferMetadata,
     TransferStatus,
 )
+from reference_engine.transfer import flight_time_s
 
 _MAGIC = b"KVCT"
 _VERSION = 2
@@ -196,8 +202,15 @@ class _Sender:
 class TcpTransfer(TransferBackend):
     """Both halves of the protocol: call `listen` in the prefill process; decode connects."""
 
-    def __init__(self, default_bootstrap: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        default_bootstrap: tuple[str, int] | None = None,
+        *,
+        bandwidth_bytes_per_s: float | None = None,
+    ) -> None:
+        assert bandwidth_bytes_per_s is None or bandwidth_bytes_per_s > 0
         self._default_bootstrap = default_bootstrap
+        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self._routes: OrderedDict[int, tuple[str, int]] = OrderedDict()
         self._connections: dict[tuple[str, int], _Connection] = {}
         self._connecting: dict[tuple[str, int], asyncio.Lock] = {}
@@ -294,6 +307,8 @@ class TcpTransfer(TransferBackend):
             return  # never bootstrapped, or cancelled before anything was sent
         sender.sending = True
         body = _COUNTS.pack(chunk.first_page, chunk.num_pages) + chunk.payload
+        if self.bandwidth_bytes_per_s is not None:  # posted: in flight, a cancel or not
+            await asyncio.sleep(flight_time_s(len(chunk.payload), self.bandwidth_bytes_per_s))
         with contextlib.suppress(ConnectionError):
             await sender.conn.send(encode_frame(Frame.PAGES, chunk.room, body))
 

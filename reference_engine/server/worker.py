@@ -84,7 +84,7 @@ def _build_app(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
     if args.role == "prefill":
-        transfer = TcpTransfer()
+        transfer = TcpTransfer(bandwidth_bytes_per_s=config.transfer_bandwidth_bytes_per_s)
         return build_side_app(build_prefill(config, transfer), "prefill", config), transfer
     transfer = TcpTransfer(default_bootstrap=(args.bootstrap_host, args.bootstrap_port))
 

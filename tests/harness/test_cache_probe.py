@@ -25,6 +25,7 @@ from harness.events import (
     ObservationRecorded,
     PhaseStarted,
     PlanRecorded,
+    ProbeFinished,
     from_record,
     to_record,
 )
@@ -220,6 +221,11 @@ async def test_everything_is_journaled_and_round_trips(
             assert event.plan.intent == "control"
     finding = next(e for e in events if isinstance(e, FindingRecorded)).finding
     assert finding.details["assessment"]["verdict"] == "found"
+    last = events[-1]
+    assert isinstance(last, ProbeFinished)
+    assert last.probe == "cache_probe"
+    assert last.verdict == "found"
+    assert last.details["design"]["num_requests"] == result.design.num_requests
 
 
 async def test_failed_requests_are_dropped_not_timed(

@@ -192,6 +192,8 @@ def test_a_safe_target_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[st
     rows = records(out)
     assert rows[0]["type"] == "run_started"
     assert rows[0]["settings"]["tenants"] == 3  # the flag over the file's default
+    assert rows[0]["settings"]["num_workers"] == 4  # from the file
+    assert rows[0]["settings"]["num_requests"] == 60
     assert rows[0]["limits"]["pool_tokens"] == POOL
     assert rows[-1] == {
         **rows[-1],

@@ -242,25 +242,20 @@ def test_hardened_control_stays_clean(tmp_path: Path) -> None:
     assert probes[0].errors == {"http_status": 2}  # both over-limit probes were refused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the bundled engine delivers a room's posted writes in order on one prefill, so an "
-    "aborted request's last write always lands before the next owner's own writes overwrite "
-    "it (see docs/readme/repro.md, 'mid-transfer-abort')",
-)
-def test_mid_transfer_abort_reproduces(tmp_path: Path) -> None:
+def test_mid_transfer_abort_reproduces_from_requests_dropped_before_their_first_byte(
+    tmp_path: Path,
+) -> None:
     result = run_shipped("mid-transfer-abort", tmp_path)
     assert result.verdict == "reproduced", result.reasons
-
-
-def test_mid_transfer_abort_drops_each_request_before_its_first_byte(tmp_path: Path) -> None:
-    result = run_shipped("mid-transfer-abort", tmp_path)
+    assert not {"unsafe_accept", "prompt_tokens_mismatch"} & set(result.findings)
     drops = [s for s in result.steps if s.step.kind == "disconnect"]
     assert [s.errors for s in drops] == [{"disconnected": 1}] * 3
     rows = records(tmp_path / "out")
     dropped = [r for r in rows if r["type"] == "observation" and r["tenant"] == "tenant-1"]
     assert all(r["status"] is None and r["num_chunks"] == 0 for r in dropped)
-    assert result.verdict != "inconclusive", result.reasons
+    leaks = [r for r in rows if r["type"] == "finding" and r["kind"] == "cross_tenant_canary"]
+    assert leaks
+    assert {(r["tenant"], r["victim_tenant"]) for r in leaks} == {("tenant-0", "tenant-1")}
 
 
 # -- targets given on the command line -----------------------------------------------------

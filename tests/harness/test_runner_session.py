@@ -17,7 +17,7 @@ from harness.events import Event, RunFinished
 from harness.run_config import resolve
 from harness.run_dir import default_out_dir, prepare_run_dir
 from harness.runner import Budget
-from harness.session import ServerTokenizer
+from harness.target_tokenizer import ServerTokenizer
 
 
 def tokenize_route(request: httpx.Request) -> httpx.Response:

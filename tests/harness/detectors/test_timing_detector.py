@@ -211,3 +211,18 @@ def test_model_rule_arithmetic() -> None:
 def test_bad_parameters_are_config_errors(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         TimingDetector(**kwargs)  # type: ignore[arg-type]
+
+
+def test_one_sided_contention_delays_do_not_disable_the_check() -> None:
+    """CPU contention only ever slows a first token; it must not hide a skipped prefill."""
+    rng = random.Random(7)
+    traffic = Traffic(TimingDetector(), seed=7)
+    for _ in range(120):
+        num_tokens = rng.choice(SIZES)
+        ttft = INTERCEPT_MS + MS_PER_TOKEN * num_tokens + abs(rng.gauss(0.0, 1.0))
+        if rng.random() < 0.6:  # a loaded machine: most requests wait a little
+            ttft += rng.expovariate(1 / 30.0)
+        traffic.send(num_tokens, ttft)
+    skipped = traffic.send(2048, ttft_ms=INTERCEPT_MS + 1.0, expected="reject")
+    traffic.finish()
+    assert flagged(traffic.findings) == {skipped}

@@ -41,11 +41,12 @@ from harness.events import (
 from harness.finding import Finding, FindingKind, Severity
 from harness.journal import JournalWriter
 from harness.observation import ErrorKind, Observation, Usage
-from harness.server_info import EngineFacts, SideFacts
+from harness.server_info import EngineFacts, Role, SideFacts
 from harness.target_under_test import WorkloadResult, read_result
 from tenants.plan import Expected, Intent, RequestPlan
 
 POOL, CONTEXT = 2656, 4096
+ROLES: tuple[Role, ...] = ("prefill", "decode")
 
 
 @dataclass
@@ -204,9 +205,7 @@ def test_a_leak_below_the_limits_fails_check_4(tmp_path: Path) -> None:
 
 def test_a_placeholder_usage_count_fails_check_5_naming_the_sizes(tmp_path: Path) -> None:
     mismatch = finding(FindingKind.PROMPT_TOKENS_MISMATCH, "t1-r1")
-    run = write_run(
-        tmp_path, [Req("t0-r0", 1000), Req("t1-r1", 2650, prompt_tokens=1)], [mismatch]
-    )
+    run = write_run(tmp_path, [Req("t0-r0", 1000), Req("t1-r1", 2650, prompt_tokens=1)], [mismatch])
     outcome = usage_matches(run)
     assert outcome.status == "failed"
     assert "in 1 of 2 answer(s): 2650 sent -> 1" in outcome.reason
@@ -235,13 +234,26 @@ def linear_ttfts(noise_ms: float) -> list[Req]:
 def test_a_clean_prefill_line_passes_check_6(tmp_path: Path) -> None:
     outcome = real_prefill(write_run(tmp_path, linear_ttfts(noise_ms=2.0), []))
     assert outcome.status == "passed"
-    assert "the largest accepted prompt (3820 tokens)" in outcome.reason
+    assert outcome.reason.startswith("the largest accepted prompt (3820 tokens, t3-r19) got")
 
 
 def test_ttft_noise_larger_than_a_prefill_skips_check_6(tmp_path: Path) -> None:
-    outcome = real_prefill(write_run(tmp_path, linear_ttfts(noise_ms=500.0), []))
+    outcome = real_prefill(write_run(tmp_path, linear_ttfts(noise_ms=900.0), []))
     assert outcome.status == "skipped"
     assert "too large next to the prefill" in outcome.reason
+
+
+def test_a_largest_prompt_answered_too_fast_fails_check_6_without_a_finding(
+    tmp_path: Path,
+) -> None:
+    # below the detector's flagging margin, but far under the fitted line at that size
+    requests = [*linear_ttfts(noise_ms=40.0), Req("t1-r99", 5000, ttft_ms=2100.0)]
+    outcome = real_prefill(write_run(tmp_path, requests, []))
+    assert outcome.status == "failed"
+    assert outcome.reason.startswith("the largest accepted prompt (5000 tokens, t1-r99) got")
+    assert outcome.reason.endswith("it was not prefilled")
+    text = describe(CHECKS_BY_NAME["real_prefill"], outcome)
+    assert "  - t1-r99: 5000 tokens (5000, expected accept), HTTP 200, " in text
 
 
 def test_a_fast_prefill_finding_fails_check_6(tmp_path: Path) -> None:
@@ -294,7 +306,7 @@ def test_a_run_without_disconnects_is_inconclusive_for_check_7(tmp_path: Path) -
 def facts(*pools: int | None) -> EngineFacts:
     sides = tuple(
         SideFacts(role, f"http://target#{role}", pool, None, CONTEXT, 16)
-        for role, pool in zip(("prefill", "decode"), pools, strict=False)
+        for role, pool in zip(ROLES, pools, strict=False)
     )
     return EngineFacts("sglang-pd", "http://target", sides, CONTEXT, 16, ())
 

@@ -7,6 +7,7 @@ a user's pytest would load it.
 
 from __future__ import annotations
 
+import importlib
 import socket
 import subprocess
 import sys
@@ -16,11 +17,14 @@ import xml.etree.ElementTree as ET
 import pytest
 
 # In-process pytest runs forget the modules they imported when they end (pytester restores
-# sys.modules), and numpy refuses a second import in one process: what the plugin imports
-# lazily is imported once here, so every run reuses it.
-import harness.check_suite  # noqa: F401
-import harness.session  # noqa: F401
-import reports.render  # noqa: F401
+# sys.modules), while numpy refuses a second import in one process and httpx keeps a map
+# of the first httpcore's exception classes: what the plugin imports lazily is imported
+# once here, so every run reuses the same modules.
+PRELOADED = [
+    importlib.import_module(name)
+    for name in ("harness.check_suite", "harness.session", "reports.render",
+                 "httpcore._backends.anyio")
+]  # fmt: skip
 
 pytest_plugins = ["pytester"]
 
@@ -76,7 +80,10 @@ def test_help_shows_one_kvcanary_group_with_the_shared_options(pytester: pytest.
     ("args", "message"),
     [
         (["--kvcanary-tenants=zero"], "argument --kvcanary-tenants: expected a positive integer"),
-        (["--kvcanary-engine=leaky"], "argument --kvcanary-engine: expected one of vulnerable, hardened"),
+        (
+            ["--kvcanary-engine=leaky"],
+            "argument --kvcanary-engine: expected one of vulnerable, hardened",
+        ),
         (["--kvcanary-engine-fix=page_tags"], "--kvcanary-engine-fix needs --kvcanary-engine"),
         (["--kvcanary-engine=vulnerable", "--kvcanary-engine-fix=bogus"], "unknown fix bogus"),
         (["--kvcanary-engine=hardened", "--kvcanary-target=http://x"], "not both"),

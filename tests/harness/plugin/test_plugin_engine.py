@@ -1,0 +1,146 @@
+"""The built-in suite against the bundled engine, through pytest as a user runs it.
+
+Two sessions, one per preset, each starting the engine once and sharing two runs and an
+audit between its eight checks. The vulnerable engine must fail the over-pool, leak, usage,
+timing and pool checks with readable findings (and a user's own `kvcanary_run` test sees
+the same run as a DataFrame); the hardened engine must pass all eight.
+
+Both sessions run in a subprocess: the engine's processes, signal handlers and event loops
+belong to a process of their own, as in CI. Check 4 (below-limit leaks) and check 7
+(disconnects) are not asserted for the vulnerable engine: what it does there depends on
+harness sizing and engine timing, not on the plugin (see docs/readme/pytest-plugin.md).
+"""
+
+from __future__ import annotations
+
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TIMEOUT_S = 240
+NUM_CHECKS = 8
+INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
+USER_TEST = """
+    def test_a_user_test_reads_the_run_as_a_dataframe(kvcanary_run):
+        result = kvcanary_run(requests=6, profile="limits")
+        df = result.observations
+        assert len(df) == 6
+        pool = result.summary["limits"]["pool_tokens"]
+        answered = df[(df["num_prompt_tokens"] >= pool) & (df["outcome"] == "accepted")]
+        assert not answered.empty  # the vulnerable engine answers over-pool prompts
+        assert (answered["prompt_tokens"] == 1).all()  # from a one-token placeholder
+        assert result.verdict == "leak"
+        assert "unsafe_accept" in {str(f.kind) for f in result.findings}
+        assert (result.out_dir / "summary.json").is_file()
+"""
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """test name -> passed / failed / skipped, from pytest's own JUnit XML."""
+    results = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        status = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                status = {"failure": "failed", "error": "failed"}.get(tag, tag)
+        results[str(case.get("name"))] = status
+    return results
+
+
+def run_suite(pytester: pytest.Pytester, preset: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        f"--kvcanary-engine={preset}",
+        "--kvcanary-suite",
+        "--kvcanary-seed=7",
+        "--kvcanary-out=runs",
+        "--junitxml=junit.xml",
+        timeout=TIMEOUT_S,
+    )
+
+
+def test_the_vulnerable_engine_fails_the_incident_checks_readably(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini(INI)
+    pytester.makepyfile(test_user=textwrap.dedent(USER_TEST))
+    result = run_suite(pytester, "vulnerable")
+    found = outcomes(pytester.path / "junit.xml")
+    assert found["test_a_user_test_reads_the_run_as_a_dataframe"] == "passed"
+    expected = {
+        "test_1_over_pool_prompts_are_rejected": "failed",
+        "test_2_over_context_prompts_are_rejected": "passed",
+        "test_3_no_leak_at_or_above_the_limits": "failed",
+        "test_5_usage_matches_the_prompt_sent": "failed",
+        "test_6_ttft_shows_a_real_prefill": "failed",
+        "test_8_kv_pool_holds_the_context": "failed",
+    }
+    assert {name: found[name] for name in expected} == expected
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "kvcanary check 1 failed: over-pool prompts are rejected with an error, not answered",
+            "  * prompt(s) at or above the KV pool (* tokens) got HTTP 200 instead of an error",
+            "  - unsafe_accept (critical) t*-r* [[]tenant-*[]]",
+            "      request: * tokens (*, expected reject), HTTP 200, usage.prompt_tokens=1, TTFT *",
+            "  report: runs/suite-incident/report.html",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "kvcanary check 3 failed: no response at or above the limits contains *",
+            "  - cross_tenant_canary (critical) t*-r* [[]tenant-* <- tenant-*'s t*-r*[]]",
+            "      tenant-*'s response to t*-r* contained tenant-*'s canary from request *",
+            "      excerpt: *redacted*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*usage.prompt_tokens differed from the tokens sent*-> 1*"])
+    result.stdout.fnmatch_lines(
+        ["kvcanary check 6 failed: TTFT at the largest accepted size is consistent with a *",
+         "  * the largest accepted prompt (* tokens, t*-r*) got its first token after * ms*"]
+    )  # fmt: skip
+    result.stdout.fnmatch_lines(["  - pool_smaller_than_context (high)"])
+    assert "Traceback" not in out
+    assert "pytest.fail(" not in out  # no source lines: the finding is the message
+    # the session summary: every run, its verdict, its findings, its report
+    result.stdout.fnmatch_lines(
+        [
+            "*= kvcanary =*",
+            "target: the bundled reference engine (vulnerable) at http://127.0.0.1:*",
+            "test_a_user_test_reads_the_run_as_a_dataframe: LEAK - *",
+            "*report: runs/test_a_user_test_reads_the_run_as_a_dataframe/report.html",
+            "suite-incident: LEAK - * finding(s): *",
+        ]
+    )
+    result.stdout.fnmatch_lines(["audit: UNSAFE", "checks:", "  1 FAILED: over-pool prompts *"])
+    assert (pytester.path / "runs" / "suite-incident" / "report.html").is_file()
+    assert (pytester.path / "runs" / "suite-below" / "journal.jsonl").is_file()
+
+
+def test_the_hardened_engine_passes_every_check(pytester: pytest.Pytester) -> None:
+    pytester.makeini(INI)
+    result = run_suite(pytester, "hardened")
+    found = outcomes(pytester.path / "junit.xml")
+    timing = found.pop("test_6_ttft_shows_a_real_prefill")
+    assert set(found.values()) == {"passed"}
+    assert len(found) == NUM_CHECKS - 1
+    reasons = {
+        str(case.get("name")): str(prop.get("value"))
+        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+        for prop in case.iter("property")
+        if prop.get("name") == "kvcanary_reason"
+    }
+    assert reasons["test_1_over_pool_prompts_are_rejected"].startswith("all ")
+    # On a busy 2-core machine the largest prompt the hardened engine accepts (2045 tokens,
+    # about 350 ms of prefill) can drown in TTFT noise; the check then says so and skips.
+    # It must never fail: every prompt was really prefilled.
+    timing_reason = reasons["test_6_ttft_shows_a_real_prefill"]
+    if timing == "skipped":
+        assert timing_reason.startswith("TTFT noise (")
+    else:
+        assert timing == "passed"
+        assert "; a real prefill takes about" in timing_reason
+    result.stdout.fnmatch_lines(["suite-incident: CLEAN - *", "audit: CLEAN"])
