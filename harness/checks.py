@@ -45,9 +45,10 @@ Evidence = Literal["incident", "below", "audit"]
 MAX_FINDINGS_SHOWN = 5
 """A failure lists this many findings in full and counts the rest (the report has all)."""
 LEAK_KINDS = (FindingKind.CROSS_TENANT_CANARY,)
-"""What "another tenant's canary" means for checks 3 and 4. `unknown_canary` stays out: the
-reference engine's recall head can splice two adjacent canaries of the *same* prompt into a
-canary-shaped string that no key minted, so on its own it is not evidence of a leak."""
+"""What "another tenant's canary" means for checks 3 and 4: a canary attributed to another
+tenant of this run. An `unknown_canary` (a canary shape no key of this run minted, e.g. from
+an earlier run against the same target) names no tenant; it stays in the run's findings and
+summary but does not decide these checks."""
 ABORT_LEAK_KINDS = (FindingKind.CROSS_TENANT_CANARY, FindingKind.CROSS_REQUEST_CANARY)
 """An aborted request's canary in a later response is a leak whoever sent that response."""
 

@@ -162,7 +162,7 @@ def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
     target = config.stash.get(_TARGET_KEY, None)
-    if target is None or not (target.runs or target.audits):
+    if target is None or not (target.runs or target.audits or target.checks):
         return
     from harness.target_under_test import session_summary
 

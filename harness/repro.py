@@ -50,7 +50,7 @@ from harness.client import TargetClient, make_http_client
 from harness.detectors.content import ContentDetector
 from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
-from harness.errors import ConfigError, KvcanaryError, RunIncomplete
+from harness.errors import ConfigError, RunIncomplete
 from harness.events import (
     Event,
     FindingRecorded,
@@ -504,9 +504,7 @@ class _Steps:
                 continue
             runner = self._runner(step)
             try:
-                outcome = await runner.run()
-            except BaseExceptionGroup as group:  # the runner's task group wraps what failed
-                raise _user_error(group) from None
+                outcome = await runner.run()  # raises a ConfigError itself, not its task group
             finally:
                 self.num_requests += runner.outcome.num_requests
                 reports.append(StepReport.of(number, step, runner.outcome))
@@ -553,18 +551,6 @@ class _Steps:
         """Every event but a step's `run_finished`: the run has one, written at its end."""
         if not isinstance(event, RunFinished):
             self.emit(event)
-
-
-def _user_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first error meant for a user (a one-line message) inside `group`, else `group`."""
-    for exc in group.exceptions:
-        if isinstance(exc, KvcanaryError):
-            return exc
-        if isinstance(exc, BaseExceptionGroup):
-            inner = _user_error(exc)
-            if inner is not exc:
-                return inner
-    return group
 
 
 class _DeferredFinish:

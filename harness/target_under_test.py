@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from harness.errors import ConfigError, KvcanaryError, RunIncomplete
 from harness.finding import Finding, FindingKind, Severity
 from harness.options import OPTIONS_BY_NAME, options_for
-from harness.run_config import RunConfig
+from harness.run_config import DEFAULT_CONCURRENCY, RunConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,7 +67,7 @@ class RunWorkload(Protocol):
     def __call__(self, **overrides: Any) -> WorkloadResult: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class WorkloadResult:
     """One finished run, read back from its journal and reports."""
 
@@ -325,7 +325,9 @@ class SuiteEvidence:
             if not budget_given:
                 overrides["requests"] = SUITE_NUM_REQUESTS // 2
             if config.rate is None:
-                overrides["concurrency"] = max(SUITE_MIN_CONCURRENCY, config.concurrency or 0)
+                default = BUNDLED_CONCURRENCY if self.target.bundled else DEFAULT_CONCURRENCY
+                workers = config.concurrency or default
+                overrides["concurrency"] = max(SUITE_MIN_CONCURRENCY, workers)
         return self.target.run(f"suite-{evidence}", **overrides)
 
 

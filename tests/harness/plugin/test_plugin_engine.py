@@ -2,13 +2,15 @@
 
 Two sessions, one per preset, each starting the engine once and sharing two runs and an
 audit between its eight checks. The vulnerable engine must fail the over-pool, leak, usage,
-timing and pool checks with readable findings (and a user's own `kvcanary_run` test sees
-the same run as a DataFrame); the hardened engine must pass all eight.
+timing and pool checks (1, 3, 5, 6, 8) with readable findings and pass the others: its
+over-context prompts are refused, nothing leaks below the limits, and its abort plans drop
+after the KV write has landed (docs/readme/pytest-plugin.md says why). A user's own
+`kvcanary_run` test in the same session reads its run as a DataFrame. The hardened engine
+must pass all eight (check 6 may skip, saying why, when TTFT noise on a busy machine hides
+a prefill).
 
 Both sessions run in a subprocess: the engine's processes, signal handlers and event loops
-belong to a process of their own, as in CI. Check 4 (below-limit leaks) and check 7
-(disconnects) are not asserted for the vulnerable engine: what it does there depends on
-harness sizing and engine timing, not on the plugin (see docs/readme/pytest-plugin.md).
+belong to a process of their own, as in CI.
 """
 
 from __future__ import annotations
@@ -74,11 +76,14 @@ def test_the_vulnerable_engine_fails_the_incident_checks_readably(
         "test_1_over_pool_prompts_are_rejected": "failed",
         "test_2_over_context_prompts_are_rejected": "passed",
         "test_3_no_leak_at_or_above_the_limits": "failed",
+        "test_4_no_leak_below_the_limits_under_load": "passed",
         "test_5_usage_matches_the_prompt_sent": "failed",
         "test_6_ttft_shows_a_real_prefill": "failed",
+        "test_7_disconnects_do_not_leak_later": "passed",
         "test_8_kv_pool_holds_the_context": "failed",
     }
     assert {name: found[name] for name in expected} == expected
+    assert len(found) == NUM_CHECKS + 1
     out = result.stdout.str()
     result.stdout.fnmatch_lines(
         [
@@ -135,7 +140,7 @@ def test_the_hardened_engine_passes_every_check(pytester: pytest.Pytester) -> No
     }
     assert reasons["test_1_over_pool_prompts_are_rejected"].startswith("all ")
     # On a busy 2-core machine the largest prompt the hardened engine accepts (2045 tokens,
-    # about 350 ms of prefill) can drown in TTFT noise; the check then says so and skips.
+    # about 300 ms of prefill) can drown in TTFT noise; the check then says so and skips.
     # It must never fail: every prompt was really prefilled.
     timing_reason = reasons["test_6_ttft_shows_a_real_prefill"]
     if timing == "skipped":
