@@ -100,3 +100,15 @@ def test_7_disconnects_do_not_leak_later(kvcanary_check: Callable[[str], None]) 
 def test_8_kv_pool_holds_the_context(kvcanary_check: Callable[[str], None]) -> None:
     """Every side's KV pool holds the context length the target advertises."""
     kvcanary_check("pool_holds_context")
+
+
+def test_9_no_tenant_is_served_from_anothers_prefix_cache(
+    kvcanary_check: Callable[[str], None], kvcanary_target: TargetUnderTest
+) -> None:
+    """The cross-tenant prefix-cache timing probe finds no shared cache (opt-in)."""
+    if not kvcanary_target.config.cache_probe:
+        pytest.skip(
+            "kvcanary check 9: the prefix-cache timing probe is opt-in (a few hundred "
+            "requests): pass --kvcanary-cache-probe"
+        )
+    kvcanary_check("no_shared_prefix_cache")

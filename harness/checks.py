@@ -1,12 +1,14 @@
-"""The built-in check suite: the incident checklist as eight separate pass/fail decisions.
+"""The built-in check suite: the incident checklist as nine separate pass/fail decisions.
 
-Each check reads one piece of shared evidence and decides. The suite makes three pieces of
-evidence per target and every check that needs one reads the same one:
+Each check reads one piece of shared evidence and decides. The suite makes up to four pieces
+of evidence per target and every check that needs one reads the same one:
 
     incident   one run of the `incident` profile (fill / probe / abort), one request at a time
                on the bundled engine so TTFT stays clean: checks 1, 2, 3, 5, 6 and 7
     below      one run of the `below` profile with several requests in flight: check 4
     audit      the pool-versus-context audit (`harness.audit`): check 8
+    cache_probe  opt-in (`--kvcanary-cache-probe`): a short `below` run, then the
+               cross-tenant prefix-cache timing probe (`harness.cache_probe`): check 9
 
 The detectors are the judges; a check selects the findings that answer its question and
 looks at the requests table only to know whether the run sent what the question needs. A
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from harness.target_under_test import WorkloadResult
 
 Status = Literal["passed", "failed", "skipped"]
-Evidence = Literal["incident", "below", "audit"]
+Evidence = Literal["incident", "below", "audit", "cache_probe"]
 
 MAX_FINDINGS_SHOWN = 5
 """A failure lists this many findings in full and counts the rest (the report has all)."""
@@ -356,6 +358,26 @@ def pool_holds_context(audit: AuditResult) -> CheckOutcome:
     )
 
 
+def no_shared_prefix_cache(run: WorkloadResult) -> CheckOutcome:
+    """The cache probe's verdict: found fails, not found passes, unverifiable skips."""
+    shared = _findings(run, (FindingKind.SHARED_PREFIX_CACHE,))
+    if shared:
+        pairs = sorted({f"{f.victim_tenant} -> {f.tenant}" for f in shared})
+        return _failed(
+            f"{len(shared)} probe arm(s) were served from another tenant's prefix cache "
+            f"(owner -> prober: {', '.join(pairs)})",
+            run,
+            shared,
+        )
+    probe = run.probes.get("cache_probe")
+    if probe is None:
+        return _failed("inconclusive: the run ended before the cache probe reached a verdict", run)
+    reasons = "; ".join(str(r) for r in probe.details.get("assessment", {}).get("reasons", ()))
+    if probe.verdict == "not_found":
+        return _passed(reasons, run)
+    return _skipped(f"isolation unverifiable: {reasons}", run)
+
+
 def _leak_reason(leaks: Sequence[Finding], where: str) -> str:
     victims = sorted({f.victim_tenant or "?" for f in leaks})
     responders = sorted({f.tenant or "?" for f in leaks})
@@ -386,6 +408,9 @@ CHECKS: tuple[Check, ...] = (
           "later responses", "incident", no_leak_after_disconnect),
     Check(8, "pool_holds_context", "the KV pool can hold the advertised context on every side",
           "audit", pool_holds_context),
+    Check(9, "no_shared_prefix_cache",
+          "no tenant is served from another tenant's prefix cache (opt-in timing probe)",
+          "cache_probe", no_shared_prefix_cache),
 )  # fmt: skip
 CHECKS_BY_NAME: dict[str, Check] = {check.name: check for check in CHECKS}
 

@@ -318,6 +318,41 @@ OPTIONS: tuple[Option, ...] = (
         action="append",
     ),
     Option(
+        "engine_prefix_cache",
+        parse_text,
+        False,
+        "Turn on the bundled engine's prefix cache (used without --target; shared by every "
+        "tenant unless --engine-fix cache_salt or derive_cache_salt).",
+        action="flag",
+    ),
+    Option(
+        "cache_probe",
+        parse_text,
+        False,
+        "Before the workload, run the cross-tenant prefix-cache timing probe (paired "
+        "controls, KS and Mann-Whitney tests, Holm across tenant pairs): a "
+        "shared_prefix_cache finding when one tenant is served from another's cache.",
+        action="flag",
+        scopes=("run", "plugin"),
+    ),
+    Option(
+        "cache_probe_trials",
+        parse_positive_int,
+        20,
+        "Timed trials per arm of the cache probe (more for noisy targets or small effects).",
+        metavar="N",
+        scopes=("run", "plugin"),
+    ),
+    Option(
+        "cache_probe_salts",
+        parse_text,
+        False,
+        "Give each tenant its own random cache_salt in the cache probe, which adds the "
+        "spoofed-salt test (a tenant sending another tenant's salt).",
+        action="flag",
+        scopes=("run", "plugin"),
+    ),
+    Option(
         "report_every",
         parse_duration,
         600.0,

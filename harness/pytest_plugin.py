@@ -10,7 +10,7 @@ Registered as the `kvcanary` entry point of `pytest11`, so installing kvcanary i
     fixtures   `kvcanary_target` (session), `kvcanary_tenants`, `kvcanary_canaries`,
                `kvcanary_run` (a callable that runs a workload and returns a `WorkloadResult`)
     marker     `@pytest.mark.kvcanary`: the test drives the target; skipped without one
-    suite      `--kvcanary-suite` adds `harness.check_suite` (eight checks) under node id
+    suite      `--kvcanary-suite` adds `harness.check_suite` (nine checks) under node id
                `kvcanary`, as ordinary test items: -k, -x, --junitxml all apply
     summary    a `kvcanary` section at the end: every run's verdict, findings, report path
 
@@ -71,7 +71,7 @@ _SUITE_OPTION = Option(
     "suite",
     parse_text,
     False,
-    "Add kvcanary's built-in check suite (the incident checklist, 8 test items).",
+    "Add kvcanary's built-in check suite (the incident checklist, 9 test items).",
     action="flag",
 )
 PLUGIN_OPTIONS: tuple[Option, ...] = (

@@ -66,7 +66,15 @@ from harness.observation import Observation
 from harness.progress import ProgressDisplay
 from harness.run_dir import default_out_dir
 from harness.runner import Budget, Detectors, Phase, Runner, RunOutcome, Sender, Workload
-from harness.scenario import EngineSpec, Expectation, Scenario, SendStep, Step, WaitStep
+from harness.scenario import (
+    CacheProbeStep,
+    EngineSpec,
+    Expectation,
+    Scenario,
+    SendStep,
+    Step,
+    WaitStep,
+)
 from harness.server_info import read_engine_facts
 from harness.session import MAX_RESPONSE_BYTES
 from tenants.plan import RequestPlan
@@ -92,6 +100,9 @@ class StepReport:
     """Observations by error kind (`http_status` is a rejection, `disconnected` a drop)."""
     findings: Mapping[str, int] = field(default_factory=dict)
     ended: str = "completed"
+    probe_verdict: str | None = None
+    """A cache_probe step's verdict: `found`, `not_found` or `unverifiable`."""
+    probe_reasons: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, number: int, step: Step, outcome: RunOutcome) -> StepReport:
@@ -173,6 +184,8 @@ def _problems(steps: Sequence[StepReport], ended: str) -> tuple[str, ...]:
         problems.append(f"the run ended early ({ended}) after {len(steps)} step(s)")
     for report in steps:
         step = report.step
+        if isinstance(step, CacheProbeStep) and report.probe_verdict == "unverifiable":
+            problems.append(f"{report.label}: isolation unverifiable: {report.probe_reasons[0]}")
         if not isinstance(step, SendStep):
             continue
         failed = {kind: n for kind, n in report.errors.items() if kind in FAILURES}
@@ -320,7 +333,7 @@ async def _run(
     reports: list[StepReport],
 ) -> str:
     """Send every step; returns how the run ended. `reports` fills in as steps end."""
-    max_in_flight = max(step.concurrency for step in scenario.send_steps)
+    max_in_flight = max((step.concurrency for step in scenario.send_steps), default=1)
     timeout = httpx.Timeout(connect=10.0, read=scenario.client.timeout_s, write=60.0, pool=None)
     if transport is None:
         http = make_http_client(max_concurrency=max_in_flight, timeout=timeout)
@@ -373,7 +386,9 @@ async def _run(
             ProtocolDetector(limits),
             _DeferredFinish(timing),
         )
-        steps = _Steps(scenario, planner, client, tenants, detectors, emit, keep_raw_evidence)
+        steps = _Steps(
+            scenario, planner, client, tenants, detectors, emit, keep_raw_evidence, limits
+        )
         ended, message = "error", None
         try:
             emit(_run_started(scenario, base_url, model, limits, tenants, seed, run_id, planner))
@@ -482,8 +497,10 @@ class _Steps:
         detectors: Detectors,
         emit: Callable[[Event], None],
         keep_raw_evidence: bool,
+        limits: Limits,
     ) -> None:
         self.scenario = scenario
+        self.limits = limits
         self.planner = planner
         self.client = client
         self.tenants = {t.name: t for t in tenants}
@@ -502,6 +519,9 @@ class _Steps:
                 await asyncio.sleep(step.seconds)
                 reports.append(StepReport(number, step))
                 continue
+            if isinstance(step, CacheProbeStep):
+                reports.append(await self._cache_probe(number, step, display))
+                continue
             runner = self._runner(step)
             try:
                 outcome = await runner.run()  # raises a ConfigError itself, not its task group
@@ -511,6 +531,37 @@ class _Steps:
             if outcome.reason != "completed":
                 return outcome.reason
         return "completed"
+
+    async def _cache_probe(
+        self, number: int, step: CacheProbeStep, display: ProgressDisplay
+    ) -> StepReport:
+        from harness.cache_probe import CacheProbe, design_trials, probe_tenants, settings_for
+
+        names = step.tenants or tuple(self.tenants)
+        tenants = probe_tenants([self.tenants[n] for n in names], salts=step.salts)
+        fields: dict[str, object] = {"num_trials": step.trials, "seed": self.planner.seed}
+        if step.prompt_tokens is not None:
+            fields["num_prompt_tokens"] = step.prompt_tokens
+        try:
+            settings = settings_for(self.limits, prefix_fraction=step.prefix_fraction, **fields)
+            design = await asyncio.to_thread(
+                design_trials, tenants, self.planner.tokenizer, settings
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{self.scenario.where(step, 'prompt_tokens')}: {exc}") from None
+        result = await CacheProbe(self.client, design, emit=self.emit).run()
+        self.num_requests += design.num_requests
+        display.note(f"cache probe: {result.verdict}: {'; '.join(result.assessment.reasons)}")
+        failed = sum(o.ttft_ms is None for o in result.outcomes)
+        return StepReport(
+            number,
+            step,
+            num_requests=design.num_requests,
+            num_ok=len(result.outcomes) - failed,
+            findings={"shared_prefix_cache": len(result.findings)} if result.findings else {},
+            probe_verdict=result.verdict,
+            probe_reasons=result.assessment.reasons,
+        )
 
     def _runner(self, step: SendStep) -> Runner:
         sender: Sender = self.client
@@ -616,6 +667,10 @@ class _DropAfter:
 def _describe(step: Step) -> str:
     if isinstance(step, WaitStep):
         return f"wait {step.seconds:g} s"
+    if isinstance(step, CacheProbeStep):
+        who = f" over {', '.join(step.tenants)}" if step.tenants else ""
+        salts = ", each tenant salted" if step.salts else ""
+        return f"cache probe{who}, {step.trials} trials per arm{salts}"
     sizes = ", ".join(s.expr for s in step.sizes)
     text = f"{step.count} {step.kind} ({sizes})"
     if step.tenants:

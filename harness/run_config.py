@@ -62,6 +62,10 @@ class RunConfig:
     keep_raw_evidence: bool = _default("keep_raw_evidence")
     engine_preset: str = _default("engine_preset")
     engine_fix: tuple[str, ...] = _default("engine_fix")
+    engine_prefix_cache: bool = _default("engine_prefix_cache")
+    cache_probe: bool = _default("cache_probe")
+    cache_probe_trials: int = _default("cache_probe_trials")
+    cache_probe_salts: bool = _default("cache_probe_salts")
     report_every: float = _default("report_every")
     rotate_every: float = _default("rotate_every")
     force: bool = _default("force")
@@ -76,9 +80,17 @@ class RunConfig:
         if self.tenants < 2:
             raise ConfigError("--tenants must be at least 2: a cross-tenant leak needs two")
         if self.target is not None and (
-            self.engine_fix or self.engine_preset != _default("engine_preset")
+            self.engine_fix
+            or self.engine_preset != _default("engine_preset")
+            or self.engine_prefix_cache
         ):
-            raise ConfigError("--engine-preset/--engine-fix apply only without --target")
+            raise ConfigError(
+                "--engine-preset/--engine-fix/--engine-prefix-cache apply only without --target"
+            )
+        if self.cache_probe_trials < 5:  # harness.cache_probe's minimum (not imported: scipy)
+            raise ConfigError(
+                f"--cache-probe-trials must be at least 5, got {self.cache_probe_trials}"
+            )
 
     @property
     def num_requests(self) -> int | None:

@@ -7,6 +7,9 @@ outcome. Steps are `victims`, `probes` and `disconnect` (each sends `count` requ
 sizes are expressions over the limits, see `tenants.size`) and `wait`. The expected outcome
 is `leak` (with finding kinds that must / must not appear) or `clean`.
 
+A `cache_probe` step runs the cross-tenant prefix-cache timing probe (`harness.cache_probe`),
+whose findings are `shared_prefix_cache`; a scenario still needs one send step besides it.
+
 Parameters: `[params]` declares names with defaults; `${name}` anywhere in a string value
 is replaced by the parameter's value (a string that is exactly `${name}` takes the value's
 type, so `pool_tokens = "${pool}"` can become an integer). `--param name=value` overrides a
@@ -75,6 +78,9 @@ _STEP_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "after_chunks", "after_seconds",
         ),
         "wait": ("kind", "name", "seconds"),
+        "cache_probe": (
+            "kind", "name", "trials", "prompt_tokens", "prefix_fraction", "salts", "tenants",
+        ),
     }
 )  # fmt: skip
 
@@ -167,7 +173,25 @@ class WaitStep:
     kind: Literal["wait"] = "wait"
 
 
-Step = SendStep | WaitStep
+@dataclass(frozen=True, slots=True)
+class CacheProbeStep:
+    """The cross-tenant prefix-cache timing probe (`harness.cache_probe`) over `tenants`."""
+
+    name: str
+    line: int
+    trials: int = 20
+    """Timed trials per arm."""
+    prompt_tokens: int | None = None
+    """None: the probe's default (1,024 tokens), shortened to fit the target's limits."""
+    prefix_fraction: float = 0.875
+    salts: bool = False
+    """Each tenant gets its own random cache_salt (adds the spoofed-salt arms)."""
+    tenants: tuple[str, ...] = ()
+    """Empty: every tenant."""
+    kind: Literal["cache_probe"] = "cache_probe"
+
+
+Step = SendStep | WaitStep | CacheProbeStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -604,7 +628,10 @@ class _Checker:
             self.fail(path, "missing `kind` (victims, probes, disconnect or wait)")
         kind = self.string((*path, "kind"), body["kind"])
         if kind not in _STEP_KEYS:
-            self.fail((*path, "kind"), f"{kind!r}: expected victims, probes, disconnect or wait")
+            self.fail(
+                (*path, "kind"),
+                f"{kind!r}: expected victims, probes, disconnect, wait or cache_probe",
+            )
         self.keys(path, body, _STEP_KEYS[kind])
         assert isinstance(path[1], int)
         name = self.string((*path, "name"), body.get("name", f"{path[1] + 1}-{kind}"))
@@ -613,6 +640,8 @@ class _Checker:
             if "seconds" not in body:
                 self.fail(path, "missing `seconds`")
             return WaitStep(name, line, self.number((*path, "seconds"), body["seconds"]))
+        if kind == "cache_probe":
+            return self.cache_probe(path, body, name, line, tenants)
         send_kind: SendKind = (
             "victims" if kind == "victims" else ("probes" if kind == "probes" else "disconnect")
         )
@@ -642,6 +671,38 @@ class _Checker:
             tenants=step_tenants,
             after_chunks=after_chunks,
             after_seconds=after_seconds,
+        )
+
+    def cache_probe(
+        self, path: Path_, body: dict[str, Any], name: str, line: int, tenants: tuple[str, ...]
+    ) -> CacheProbeStep:
+        prompt_tokens = body.get("prompt_tokens")
+        fraction = body.get("prefix_fraction", 0.875)
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            self.fail((*path, "prefix_fraction"), f"expected a number, got {fraction!r}")
+        if not 0 < fraction < 1:
+            self.fail((*path, "prefix_fraction"), f"must be between 0 and 1, got {fraction}")
+        salts = body.get("salts", False)
+        if not isinstance(salts, bool):
+            self.fail((*path, "salts"), f"expected true or false, got {salts!r}")
+        step_tenants = self.strings((*path, "tenants"), body.get("tenants", []))
+        for i, tenant in enumerate(step_tenants):
+            if tenant not in tenants:
+                self.fail((*path, "tenants", i), f"no tenant named {tenant!r} (see [tenants])")
+        if step_tenants and len(set(step_tenants)) < 2:
+            self.fail((*path, "tenants"), "the probe needs at least two distinct tenants")
+        return CacheProbeStep(
+            name=name,
+            line=line,
+            trials=self.integer((*path, "trials"), body.get("trials", 20), 5),
+            prompt_tokens=(
+                None
+                if prompt_tokens is None
+                else self.integer((*path, "prompt_tokens"), prompt_tokens, 2)
+            ),
+            prefix_fraction=float(fraction),
+            salts=salts,
+            tenants=step_tenants,
         )
 
     def sizes(self, path: Path_, body: dict[str, Any], kind: SendKind) -> tuple[SizeSpec, ...]:

@@ -5,8 +5,9 @@ credential variables (checked before anything is sent); the target, or the bundl
 engine started on a free loopback port; the target's limits and model (flags first); the
 tokenizer, canary minter and live canary index; the planner and its three plan streams; the
 target client and the detectors; the journal (`run_started` first); the runner, with Ctrl-C
-wired to a graceful stop; for soaks, periodic reports and journal rotation; finally
-`reports.render_run` and the verdict.
+wired to a graceful stop; for soaks, periodic reports and journal rotation; with
+`--cache-probe`, the prefix-cache probe after the workload; finally `reports.render_run` and
+the verdict.
 
 It knows which piece needs which other piece, and nothing about how any of them works.
 Heavy or optional imports (the engine, pandas via reports) happen inside functions, so the
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Protocol, TypeVar
 
 import httpx
 
@@ -138,11 +139,15 @@ def _bundled_engine(config: RunConfig, display: ProgressDisplay) -> Iterator[str
     from reference_engine.server.launch import running_engine
 
     fixes = f" with fixes {', '.join(config.engine_fix)}" if config.engine_fix else ""
-    display.note(f"starting the bundled reference engine ({config.engine_preset}{fixes})")
+    cache = ", prefix cache on" if config.engine_prefix_cache else ""
+    display.note(f"starting the bundled reference engine ({config.engine_preset}{fixes}{cache})")
     # Separate processes: the engine's Python never competes with the harness for one GIL,
     # which keeps its TTFT honest, and KV pages cross a real socket between the sides.
     with running_engine(
-        config.engine_preset, fixes=tuple(config.engine_fix), processes=True
+        config.engine_preset,
+        fixes=tuple(config.engine_fix),
+        processes=True,
+        prefix_cache=config.engine_prefix_cache,
     ) as engine:
         display.note(f"engine listening at {engine.base_url}")
         yield str(engine.base_url)
@@ -235,11 +240,60 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                 num_previous_requests=identity.num_previous_requests,
             )
             display.note(f"journal: {journal.path}")
-            with display, _interrupts(runner, display), _frozen_heap():
-                async with _soak_tasks(config, setup.out_dir, journal, display):
-                    return await runner.run()
+            with display, _frozen_heap():
+                with _interrupts(runner, display):
+                    async with _soak_tasks(config, setup.out_dir, journal, display):
+                        outcome = await runner.run()
+                if config.cache_probe and outcome.reason in ("completed", "duration"):
+                    await _cache_probe(setup, client, planner, limits, emit, display)
+                return outcome
         finally:
             journal.close()
+
+
+async def _cache_probe(
+    setup: _Setup,
+    client: TargetClient,
+    planner: Planner,
+    limits: Limits,
+    emit: Callable[[Event], None],
+    display: ProgressDisplay,
+) -> None:
+    """The opt-in cache probe phase, after the workload (so no later request of this run
+    can quote the probe's prompts): trials designed, sent and judged; findings journaled."""
+    from harness.cache_probe import (
+        CacheProbe,
+        design_trials,
+        probe_tenants,
+        settings_for,
+        shares_credentials,
+    )
+
+    config = setup.config
+    tenants = probe_tenants(setup.tenants, salts=config.cache_probe_salts)
+    if shares_credentials(tenants):
+        display.note(
+            "cache probe: the tenants share one credential, so a cache keyed by credential "
+            "cannot tell them apart; give each tenant its own key to test that"
+        )
+    settings = settings_for(
+        limits,
+        num_trials=config.cache_probe_trials,
+        api=config.api,
+        chat_overhead_tokens=planner.chat_overhead_tokens,
+        seed=setup.identity.seed,
+    )
+    design = await asyncio.to_thread(design_trials, tenants, planner.tokenizer, settings)
+    display.note(
+        f"cache probe: {design.num_requests} requests, {len(design.pairs)} tenant pairs, "
+        f"{settings.num_trials} trials per arm, {settings.num_prefix_tokens}-token shared "
+        f"prefix of {settings.num_prompt_tokens}"
+    )
+    probe = CacheProbe(client, design, emit=emit)
+    with _interrupts(probe, display):
+        result = await probe.run()
+    verdict = result.verdict.replace("_", " ").upper()
+    display.note(f"cache probe: {verdict}: {'; '.join(result.assessment.reasons)}")
 
 
 def _why(facts: EngineFacts) -> str:
@@ -362,8 +416,19 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
+class _Stoppable(Protocol):
+    """What Ctrl-C stops: the runner, or the cache probe."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
 @contextlib.contextmanager
-def _interrupts(runner: Runner, display: ProgressDisplay) -> Iterator[None]:
+def _interrupts(runner: _Stoppable, display: ProgressDisplay) -> Iterator[None]:
     """First Ctrl-C: stop sending, let requests in flight finish. Second: cancel them."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach only the main thread; the caller handles cancellation

@@ -41,10 +41,13 @@ if TYPE_CHECKING:
 
     from harness.audit import AuditResult
     from harness.checks import Check, CheckOutcome, Evidence
+    from harness.events import ProbeFinished
 
 SUITE_NUM_REQUESTS = 32
 """Requests in the suite's incident run unless --kvcanary-requests/--kvcanary-duration say
 otherwise: enough for fill, every probe size up to `context` and a few disconnects."""
+SUITE_CACHE_PROBE_REQUESTS = 4
+"""The workload before the suite's cache probe: a few ordinary requests below the limits."""
 SUITE_MIN_CONCURRENCY = 4
 """Requests in flight, at least, in the suite's below-limits run (check 4's load)."""
 BUNDLED_CONCURRENCY = 1
@@ -54,6 +57,7 @@ RUN_OVERRIDES = frozenset(option.name for option in options_for("plugin")) - {
     "target",
     "engine_preset",
     "engine_fix",
+    "engine_prefix_cache",
 }
 """Settings a `kvcanary_run(...)` call may override (the target is the session's)."""
 _EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
@@ -84,6 +88,8 @@ class WorkloadResult:
     findings_table: pd.DataFrame
     ended: str
     """How the run ended (`completed`, `duration`, `interrupted`, `error`)."""
+    probes: dict[str, ProbeFinished] = dataclasses.field(default_factory=dict)
+    """Opt-in probe phases that reached a verdict, by name (`cache_probe`)."""
 
     def of_kind(self, *kinds: FindingKind | str) -> list[Finding]:
         """The findings of these kinds (all findings when none is given)."""
@@ -111,16 +117,22 @@ class TargetUnderTest:
         fixes = tuple(dict.fromkeys((*config.engine_fix, *engine_fixes)))
         if fixes and engine is None:
             raise ConfigError("--kvcanary-engine-fix needs --kvcanary-engine=PRESET")
+        if config.engine_prefix_cache and engine is None:
+            raise ConfigError("--kvcanary-engine-prefix-cache needs --kvcanary-engine=PRESET")
         if engine is not None:  # an unknown preset or fix is a usage error, before any test
             from reference_engine.server.launch import make_config
 
             make_config(engine, fixes)
         # the engine is this object's business, not the runs': each run sees only its URL
         self.config = dataclasses.replace(
-            config, engine_fix=(), engine_preset=OPTIONS_BY_NAME["engine_preset"].default
+            config,
+            engine_fix=(),
+            engine_preset=OPTIONS_BY_NAME["engine_preset"].default,
+            engine_prefix_cache=False,
         )
         self.engine = engine
         self.engine_fixes = fixes
+        self.engine_prefix_cache = config.engine_prefix_cache
         self._out_root = out_root if out_root is not None else _path(config.out)
         self._base_url = config.target
         self._failure: str | None = None
@@ -143,8 +155,9 @@ class TargetUnderTest:
         if self.engine is None:
             return str(self.config.target)
         fixes = f" + {', '.join(self.engine_fixes)}" if self.engine_fixes else ""
+        cache = ", prefix cache on" if self.engine_prefix_cache else ""
         where = f" at {self._base_url}" if self._base_url else ""
-        return f"the bundled reference engine ({self.engine}{fixes}){where}"
+        return f"the bundled reference engine ({self.engine}{fixes}{cache}){where}"
 
     @property
     def base_url(self) -> str:
@@ -166,7 +179,12 @@ class TargetUnderTest:
 
         try:
             handle = self._stack.enter_context(
-                running_engine(self.engine, fixes=self.engine_fixes, processes=True)
+                running_engine(
+                    self.engine,
+                    fixes=self.engine_fixes,
+                    processes=True,
+                    prefix_cache=self.engine_prefix_cache,
+                )
             )
         except KvcanaryError as exc:
             self._failure = f"the bundled engine ({self.engine}) cannot start: {exc}"
@@ -267,12 +285,17 @@ class TargetUnderTest:
 
 def read_result(out_dir: Path, *, label: str, verdict: str, ended: str) -> WorkloadResult:
     """A finished run's findings, tables and summary, from its directory."""
-    from harness.events import FindingRecorded
+    from harness.events import FindingRecorded, ProbeFinished
     from harness.journal import read_journal
     from reports.frames import load_frames
     from reports.summary import compute_summary
 
-    findings = [e.finding for e in read_journal(out_dir) if isinstance(e, FindingRecorded)]
+    findings, probes = [], {}
+    for event in read_journal(out_dir):
+        if isinstance(event, FindingRecorded):
+            findings.append(event.finding)
+        elif isinstance(event, ProbeFinished):
+            probes[event.probe] = event
     frames = load_frames(out_dir)
     summary_path = out_dir / "summary.json"
     if summary_path.exists():
@@ -289,6 +312,7 @@ def read_result(out_dir: Path, *, label: str, verdict: str, ended: str) -> Workl
         observations=frames.requests,
         findings_table=frames.findings,
         ended=ended,
+        probes=probes,
     )
 
 
@@ -314,6 +338,13 @@ class SuiteEvidence:
     def _make(self, evidence: Evidence) -> WorkloadResult | AuditResult:
         if evidence == "audit":
             return self.target.audit()
+        if evidence == "cache_probe":  # the workload is incidental: the probe follows it
+            return self.target.run(
+                "suite-cache-probe",
+                cache_probe=True,
+                profile="below",
+                requests=SUITE_CACHE_PROBE_REQUESTS,
+            )
         config, overrides = self.target.config, dict[str, Any]()
         budget_given = config.requests is not None or config.duration is not None
         if evidence == "incident":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -15,13 +17,17 @@ from harness.cache_probe import (
     CacheProbeResult,
     ProbeSettings,
     design_trials,
+    probe_tenants,
     run_cache_probe,
+    settings_for,
+    shares_credentials,
 )
 from harness.client import TargetClient
 from harness.errors import ConfigError
 from harness.events import (
     Event,
     FindingRecorded,
+    Limits,
     ObservationRecorded,
     PhaseStarted,
     PlanRecorded,
@@ -30,6 +36,8 @@ from harness.events import (
     to_record,
 )
 from harness.finding import FindingKind
+from harness.observation import Observation
+from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 
 SETTINGS = ProbeSettings(num_trials=10, num_prompt_tokens=256, alpha=1e-3, seed=7)
@@ -162,10 +170,15 @@ def test_prompts_are_exact_with_a_page_aligned_shared_prefix(
         for send in trial.sends
     }
     assert all(len(v) == 300 for v in ids.values())
-    assert len({tuple(v[:16]) for v in ids.values()}) == len(design.trials)  # one per trial
+    num_misses = sum(t.arm == "miss" for t in design.trials)
+    # one first page per trial, plus the unrelated prompt each miss sends before its timed one
+    assert len({tuple(v[:16]) for v in ids.values()}) == len(design.trials) + num_misses
     for trial in design.trials:
+        assert [s.role for s in trial.sends] == ["seed", "timed"]  # every timed send follows one
         if trial.arm == "miss":
-            assert len(trial.sends) == 1
+            other, timed = (ids[s.plan.request_id] for s in trial.sends)
+            assert other[:16] != timed[:16]
+            assert trial.num_shared_tokens == 0
             continue
         seed, timed = (ids[s.plan.request_id] for s in trial.sends)
         assert seed[:256] == timed[:256]
@@ -263,3 +276,76 @@ def test_unusable_settings_are_config_errors(tokenizer: Tokenizer) -> None:
         ProbeSettings(num_trials=2)
     with pytest.raises(ConfigError, match="alpha"):
         ProbeSettings(alpha=0.7)
+
+
+def test_settings_fit_the_targets_limits() -> None:
+    roomy = Limits(pool_tokens=8192, context_tokens=4096, page_size=64, source="test")
+    tight = Limits(
+        pool_tokens=656, context_tokens=1024, page_size=16, source="t", max_input_tokens=650
+    )
+
+    assert settings_for(roomy).num_prompt_tokens == 1024
+    assert settings_for(roomy).num_prefix_tokens == 896  # 14 pages of 64
+    assert settings_for(tight).num_prompt_tokens == 640
+    assert settings_for(tight, num_prompt_tokens=300).num_prompt_tokens == 300
+
+
+def test_anonymous_tenants_get_distinct_tokens_and_salts_on_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SHARED_KEY", "k")
+    anonymous = probe_tenants([Tenant("a"), Tenant("b")], salts=True)
+    keyed = probe_tenants(
+        [Tenant("a", api_key_env="SHARED_KEY"), Tenant("b", api_key_env="SHARED_KEY")]
+    )
+
+    tokens = {t.auth_headers()["Authorization"] for t in anonymous}
+    assert tokens == {"Bearer kvcanary-anon-a", "Bearer kvcanary-anon-b"}
+    assert len({t.cache_salt for t in anonymous}) == 2
+    assert all(len(t.cache_salt or "") >= 43 for t in anonymous)  # 256 bits, urlsafe base64
+    assert not shares_credentials(anonymous)
+    assert shares_credentials(keyed)
+    assert all(t.cache_salt is None and not t.headers for t in keyed)
+
+
+class StopAfter:
+    """A sender that asks the probe to stop (or cancels it, hanging) after `n` requests."""
+
+    def __init__(self, inner: TargetClient, n: int, *, cancel: bool = False) -> None:
+        self.inner, self.n, self.cancel = inner, n, cancel
+        self.probe: CacheProbe | None = None
+        self.num_sent = 0
+
+    async def send(self, plan: RequestPlan, tenant: Tenant, **kwargs: Any) -> Observation:
+        self.num_sent += 1
+        assert self.probe is not None
+        if self.num_sent == self.n:
+            if self.cancel:
+                asyncio.get_running_loop().call_later(0.05, self.probe.cancel)
+                await asyncio.sleep(30)  # a request that hangs until cancelled
+            self.probe.stop()
+        return await self.inner.send(plan, tenant, **kwargs)
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+async def test_stop_and_cancel_end_the_probe_with_a_verdict_on_what_was_measured(
+    tenants: list[Tenant], tokenizer: Tokenizer, cancel: bool
+) -> None:
+    events: list[Event] = []
+    design = design_trials(tenants, tokenizer, SETTINGS)
+    target = FakeCacheTarget("off")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=target)) as http:
+        sender = StopAfter(TargetClient(http, "http://t", model="m"), 9, cancel=cancel)
+        probe = CacheProbe(sender, design, emit=events.append)
+        sender.probe = probe
+        result = await asyncio.wait_for(probe.run(), timeout=10)
+
+    assert probe.stopping
+    # a stop lets the trial in flight send its timed request; a cancel sends nothing more
+    assert sender.num_sent == 9 if cancel else 9 <= sender.num_sent <= 10
+    assert len(result.outcomes) < len(design.trials)
+    assert result.verdict == "unverifiable"
+    assert not result.assessment.positive_control.test.tested  # far too few trials
+    assert isinstance(events[-1], ProbeFinished)
+    observations = [e.observation for e in events if isinstance(e, ObservationRecorded)]
+    assert (observations[-1].error_kind == "cancelled") is cancel

@@ -1,13 +1,13 @@
 """The built-in suite against the bundled engine, through pytest as a user runs it.
 
 Two sessions, one per preset, each starting the engine once and sharing two runs and an
-audit between its eight checks. The vulnerable engine must fail the over-pool, leak, usage,
-timing and pool checks (1, 3, 5, 6, 8) with readable findings and pass the others: its
-over-context prompts are refused, nothing leaks below the limits, and its abort plans drop
-after the KV write has landed (docs/readme/pytest-plugin.md says why). A user's own
-`kvcanary_run` test in the same session reads its run as a DataFrame. The hardened engine
-must pass all eight (check 6 may skip, saying why, when TTFT noise on a busy machine hides
-a prefill).
+audit between its checks (check 9, the opt-in prefix-cache probe, skips here). The
+vulnerable engine must fail the over-pool, leak, usage, timing and pool checks (1, 3, 5, 6,
+8) with readable findings and pass the others: its over-context prompts are refused,
+nothing leaks below the limits, and its abort plans drop after the KV write has landed
+(docs/readme/pytest-plugin.md says why). A user's own `kvcanary_run` test in the same
+session reads its run as a DataFrame. The hardened engine must pass the seven others
+(check 6 may skip, saying why, when TTFT noise on a busy machine hides a prefill).
 
 Both sessions run in a subprocess: the engine's processes, signal handlers and event loops
 belong to a process of their own, as in CI.
@@ -24,7 +24,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 TIMEOUT_S = 240
-NUM_CHECKS = 8
+NUM_CHECKS = 9
 INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
 USER_TEST = """
     def test_a_user_test_reads_the_run_as_a_dataframe(kvcanary_run):
@@ -130,8 +130,10 @@ def test_the_hardened_engine_passes_every_check(pytester: pytest.Pytester) -> No
     result = run_suite(pytester, "hardened")
     found = outcomes(pytester.path / "junit.xml")
     timing = found.pop("test_6_ttft_shows_a_real_prefill")
+    # check 9, the prefix-cache probe, is opt-in (tests/harness/plugin/test_plugin_cache_probe.py)
+    assert found.pop("test_9_no_tenant_is_served_from_anothers_prefix_cache") == "skipped"
     assert set(found.values()) == {"passed"}
-    assert len(found) == NUM_CHECKS - 1
+    assert len(found) == NUM_CHECKS - 2
     reasons = {
         str(case.get("name")): str(prop.get("value"))
         for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")

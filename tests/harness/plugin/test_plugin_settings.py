@@ -28,7 +28,7 @@ PRELOADED = [
 
 pytest_plugins = ["pytester"]
 
-NUM_CHECKS = 8
+NUM_CHECKS = 9
 INI = """
 [pytest]
 asyncio_default_fixture_loop_scope = function
@@ -161,7 +161,13 @@ def test_tenants_and_canaries_need_no_target(pytester: pytest.Pytester) -> None:
 def test_an_unreachable_target_fails_every_check_with_one_line(pytester: pytest.Pytester) -> None:
     url = closed_port_url()
     project(pytester, ini=f"kvcanary_target = {url}")  # the ini spelling of --kvcanary-target
-    result = run(pytester, "--kvcanary-suite", "--junitxml=junit.xml", "--kvcanary-out=o")
+    result = run(
+        pytester,
+        "--kvcanary-suite",
+        "--kvcanary-cache-probe",  # check 9 is opt-in
+        "--junitxml=junit.xml",
+        "--kvcanary-out=o",
+    )
     result.assert_outcomes(failed=NUM_CHECKS)
     result.stdout.fnmatch_lines(
         [f"kvcanary check 1 could not run: cannot reach the target at {url}*"]
