@@ -200,7 +200,7 @@ class CacheProbe:
         return CacheProbeResult(self.design, assessment, tuple(findings), tuple(outcomes))
 
     async def _trial(self, trial: Trial) -> TrialOutcome:
-        observations = []
+        observations: list[Observation] = []
         for send in trial.sends:
             if self._cancelled and observations:  # a second Ctrl-C sends nothing more
                 break

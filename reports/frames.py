@@ -27,6 +27,7 @@ from harness.events import (
     ObservationRecorded,
     PhaseStarted,
     PlanRecorded,
+    ProbeFinished,
     RunFinished,
     RunStarted,
 )
@@ -115,6 +116,8 @@ class RunFrames:
     phases: tuple[PhaseStarted, ...]
     requests: pd.DataFrame
     findings: pd.DataFrame
+    probes: tuple[ProbeFinished, ...] = ()
+    """Verdicts of the opt-in probe phases that ran (the cache probe)."""
 
 
 class _Columns:
@@ -237,6 +240,7 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
     run: RunStarted | None = None
     finished: RunFinished | None = None
     phases: list[PhaseStarted] = []
+    probes: list[ProbeFinished] = []
     pending: dict[str, tuple[Any, ...]] = {}
     requests = _Columns(REQUEST_SCHEMA)
     findings = _Columns(FINDING_SCHEMA)
@@ -257,11 +261,13 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
             run = event
         elif isinstance(event, RunFinished):
             finished = event
+        elif isinstance(event, ProbeFinished):
+            probes.append(event)
     for request_id, plan_row in pending.items():
         requests.append((request_id, *plan_row, *_NO_OBSERVATION))
     table = requests.to_pandas()
     _add_limit_ratios(table, run)
-    return RunFrames(run, finished, tuple(phases), table, findings.to_pandas())
+    return RunFrames(run, finished, tuple(phases), table, findings.to_pandas(), tuple(probes))
 
 
 def load_frames(run_dir: Path) -> RunFrames:

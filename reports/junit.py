@@ -3,8 +3,9 @@
 One `<testsuites>` with one `<testsuite name="kvcanary">`, holding:
 
 - one testcase per check in the finding vocabulary (`kvcanary.checks`), failed when the run
-  has findings of that kind, skipped when the verdict is inconclusive (an absent finding
-  then proves nothing), passed otherwise;
+  has findings of that kind, skipped when the verdict is inconclusive or the run never
+  performed that check (`summary["checks_not_run"]`: an absent finding then proves
+  nothing), passed otherwise;
 - one testcase per listed finding (`kvcanary.findings.<kind>`), failed, carrying the
   finding's summary and its (already redacted) excerpt;
 - `kvcanary.run/evidence`, an error when the verdict is inconclusive, with the reasons.
@@ -42,6 +43,8 @@ def render_junit(
             _child(case, "failure", f"{num} {kind} finding(s)", str(kind), KIND_MEANINGS[kind])
         elif verdict == "inconclusive":
             _child(case, "skipped", "inconclusive run: no finding here proves nothing")
+        elif str(kind) in summary.get("checks_not_run", {}):
+            _child(case, "skipped", summary["checks_not_run"][str(kind)])
     for view in findings:
         case = _case(suite, f"kvcanary.findings.{view.kind}", _finding_name(view))
         _child(case, "failure", view.summary, view.kind, _finding_text(view))

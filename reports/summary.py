@@ -27,6 +27,7 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from harness.events import ProbeFinished
 from harness.finding import FindingKind
 from reports.frames import OUTCOMES, RunFrames
 
@@ -81,6 +82,8 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
             "num_requests_reported": finished.num_requests if finished is not None else None,
         },
         "phases": [phase.phase for phase in frames.phases],
+        "probes": [_probe_record(probe) for probe in frames.probes],
+        "checks_not_run": _checks_not_run(frames),
         "counts": {
             "requests": {
                 "total": len(requests),
@@ -190,3 +193,33 @@ def _report_version() -> str:
         return metadata.version("kvcanary")
     except metadata.PackageNotFoundError:
         return "unknown"
+
+
+def _probe_record(probe: ProbeFinished) -> dict[str, Any]:
+    assessment = probe.details.get("assessment", {})
+    return {"probe": probe.probe, "verdict": probe.verdict, "reasons": assessment.get("reasons")}
+
+
+def _checks_not_run(frames: RunFrames) -> dict[str, str]:
+    """Finding kinds this run could not have produced, with why: absent is not clean.
+
+    A run audits no pool sizes (that is `kvcanary audit`), and finds a shared prefix cache
+    only with its opt-in probe, whose `unverifiable` verdict proves nothing either way.
+    """
+    found = set(frames.findings["kind"])
+    reasons: dict[str, str] = {}
+    if str(FindingKind.POOL_SMALLER_THAN_CONTEXT) not in found:
+        reasons[str(FindingKind.POOL_SMALLER_THAN_CONTEXT)] = (
+            "pool sizes are audited by `kvcanary audit`, not by a run"
+        )
+    cache = [p for p in frames.probes if p.probe == "cache_probe"]
+    if str(FindingKind.SHARED_PREFIX_CACHE) not in found:
+        if not cache:
+            reasons[str(FindingKind.SHARED_PREFIX_CACHE)] = (
+                "the cache probe did not run (opt in with --cache-probe)"
+            )
+        elif all(p.verdict == "unverifiable" for p in cache):
+            reasons[str(FindingKind.SHARED_PREFIX_CACHE)] = (
+                "the cache probe was unverifiable: its positive control saw no cache"
+            )
+    return reasons

@@ -195,7 +195,7 @@ class SplittingTokenizer:
         return [hash(t) % 1000 for t in self.pattern.findall(text)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
+        raise AssertionError("the prompt builder never decodes")
 
     def count(self, text: str) -> int:
         return len(self.encode(text))

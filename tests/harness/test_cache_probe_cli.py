@@ -38,6 +38,9 @@ def test_the_probe_phase_finds_the_bundled_engines_shared_cache(
     assert all(f["details"]["contrast"]["p_adjusted"] < 1e-3 for f in found)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["findings"]["shared_prefix_cache"] == 2
+    assert [p["probe"] for p in summary["probes"]] == ["cache_probe"]
+    assert summary["probes"][0]["verdict"] == "found"
+    assert "shared_prefix_cache" not in summary["checks_not_run"]  # the probe ran and found it
 
 
 @pytest.mark.parametrize(
