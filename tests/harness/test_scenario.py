@@ -244,7 +244,7 @@ def replaced(old: str, new: str) -> str:
          line_of(VALID, 'kind = "disconnect"') - 1, "steps[4]",
          "`after_chunks` or `after_seconds`"),
         (replaced('kind = "wait"', 'kind = "sleep"'), 'kind = "sleep"', "steps[2].kind",
-         "expected victims, probes, disconnect or wait"),
+         "expected victims, probes, disconnect, wait or cache_probe"),
         (replaced('"${victim_size}"', '"${victim}"'), "${victim}", "steps[1].sizes[1]",
          "${victim} is not a declared parameter"),
         (replaced('names = ["alice", "bob"]', 'names = ["alice"]'), "[tenants]", "tenants",

@@ -5,7 +5,7 @@ audit between its checks (check 9, the opt-in prefix-cache probe, skips here). T
 vulnerable engine must fail the over-pool, leak, usage, timing and pool checks (1, 3, 5, 6,
 8) with readable findings and pass the others: its over-context prompts are refused,
 nothing leaks below the limits, and its abort plans drop after the KV write has landed
-(docs/readme/pytest-plugin.md says why). A user's own `kvcanary_run` test in the same
+(README.md, "The pytest plugin", says why). A user's own `kvcanary_run` test in the same
 session reads its run as a DataFrame. The hardened engine must pass the seven others
 (check 6 may skip, saying why, when TTFT noise on a busy machine hides a prefill).
 
