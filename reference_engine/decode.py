@@ -81,15 +81,7 @@ class DecodeServer(SideBase):
     # ---- DecodeSide -----------------------------------------------------------------------
 
     async def generate(self, req: GenerateRequest) -> AsyncGenerator[Event, None]:
-        r = Req.from_request(req)
-        self.counters["prompt_tokens_total"] += r.num_client_tokens
-        rejection = self.intake_rejection(r)
-        if rejection is None and r.rid in self._live:
-            rejection = finish.duplicate_rid(r.rid)
-        if rejection is None:
-            self.scheduler.add(r)
-        else:
-            r.finish_abort(rejection)
+        r = self.admit(req, self._live, self.scheduler.add)
         if r.finished is not None:
             await self.transfer.cancel_receiver(r.room)  # prefill stops waiting for metadata
             yield r.finished

@@ -64,15 +64,7 @@ class PrefillServer(SideBase):
     # ---- PrefillSide ----------------------------------------------------------------------
 
     async def generate(self, req: GenerateRequest) -> FinishOut:
-        r = Req.from_request(req)
-        self.counters["prompt_tokens_total"] += r.num_client_tokens
-        rejection = self.intake_rejection(r)
-        if rejection is None and r.rid in self._answers:
-            rejection = finish.duplicate_rid(r.rid)
-        if rejection is None:
-            self.scheduler.add(r)
-        else:
-            r.finish_abort(rejection)
+        r = self.admit(req, self._answers, self.scheduler.add)
         if r.is_finished:  # tell decode now (SGLang #38704's before-send failure notice)
             assert r.finished is not None
             rejected = r.finished.status == 400  # a client error, not an engine failure

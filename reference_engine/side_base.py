@@ -13,12 +13,14 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable, Container
 from typing import Any
 
 from reference_engine import finish
 from reference_engine.allocator import PageAllocator
 from reference_engine.config import EngineConfig
 from reference_engine.finish import FinishAbort
+from reference_engine.interfaces import GenerateRequest
 from reference_engine.limits import SideLimits
 from reference_engine.sequence import Req
 
@@ -84,6 +86,24 @@ class SideBase(abc.ABC):
             self.fail_all(finish.internal_error(f"{self.mode} scheduler crashed: {exc!r}"))
 
     # ---- intake, layer 1 ------------------------------------------------------------------
+
+    def admit(
+        self, request: GenerateRequest, live: Container[str], queue: Callable[[Req], None]
+    ) -> Req:
+        """Intake on either side: count, validate, then `queue` it or finish it rejected.
+
+        `live` holds the ids of requests still running here (a duplicate is refused).
+        """
+        req = Req.from_request(request)
+        self.counters["prompt_tokens_total"] += req.num_client_tokens
+        rejection = self.intake_rejection(req)
+        if rejection is None and req.rid in live:
+            rejection = finish.duplicate_rid(req.rid)
+        if rejection is None:
+            queue(req)
+        else:
+            req.finish_abort(rejection)
+        return req
 
     def intake_rejection(self, req: Req) -> FinishAbort | None:
         """TokenizerManager's checks: token ids in the vocabulary, the context length."""
