@@ -1,6 +1,6 @@
 """Power study of the prefix-cache timing probe: trials needed, and false positives.
 
-Two parts, both using the probe's own statistics (`harness.cache_stats`):
+Two parts, both using the probe's own statistics (`harness.cache_probe.stats`):
 
     sim      Monte Carlo. Miss TTFTs are lognormal with log-sd `sigma` (TTFT noise is
              right-skewed and multiplicative); a hit is a miss divided by `speedup`. Each
@@ -9,7 +9,7 @@ Two parts, both using the probe's own statistics (`harness.cache_stats`):
              is below alpha. Reported: power per (speedup, trials per arm, sigma), the
              smallest trial count with power >= 0.95, and the false-positive rate of one
              contrast with no speedup (p-value calibration at several alphas).
-    engine   Runs of the real probe (`harness.cache_probe`) against the bundled reference
+    engine   Runs of the real probe (`harness.cache_probe.probe`) against the bundled reference
              engine over HTTP (separate processes, as `kvcanary run` starts it). With the
              prefix cache on and no salt: one large run per prefix fraction (the TTFT
              speedup it measures is reported), then timing-only detection rates when each
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.cache_probe import DEFAULT_NUM_TRIALS, DEFAULT_PROMPT_TOKENS, ProbeSettings
-from harness.cache_stats import DEFAULT_ALPHA, compare_arms, holm
+from harness.cache_probe.probe import DEFAULT_NUM_TRIALS, DEFAULT_PROMPT_TOKENS, ProbeSettings
+from harness.cache_probe.stats import DEFAULT_ALPHA, compare_arms, holm
 
 SPEEDUPS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 TRIALS = (5, 8, 10, 15, 20, 30, 50, 80, 120)
@@ -131,8 +131,8 @@ def run_simulation(num_reps: int, num_pairs: int, alpha: float, quick: bool) -> 
 
 async def engine_probe(base_url: str, settings: ProbeSettings, tenants: list[Any]) -> Any:
     from canaries import load_tokenizer
-    from harness.cache_probe import run_cache_probe
-    from harness.client import TargetClient, make_http_client
+    from harness.cache_probe.probe import run_cache_probe
+    from harness.target.client import TargetClient, make_http_client
 
     async with make_http_client(max_concurrency=2) as http:
         client = TargetClient(http, base_url, model="kvcanary-reference")
@@ -160,7 +160,7 @@ def resampled_power(
     result: Any, num_trials: int, num_reps: int, rng: np.random.Generator
 ) -> dict[str, float]:
     """Timing-only detection rates when each arm has `num_trials` of the measured TTFTs."""
-    from harness.cache_stats import ArmPair, ArmSample, assess
+    from harness.cache_probe.stats import ArmPair, ArmSample, assess
 
     def arm(kind: str, pair: tuple[str, str] | None) -> np.ndarray:
         return np.array(

@@ -9,7 +9,7 @@ transit, event-loop queueing, SSE decoding and parsing.
 
 Three clients drive the same server in the same run, in interleaved rounds:
 
-    harness     harness.client.TargetClient (httpx + httpx-sse, byte metering, full parsing)
+    harness     harness.target.client.TargetClient (httpx + httpx-sse, byte metering, full parsing)
     harness+aiohttp  the same TargetClient on httpx-aiohttp's transport, where installed
     httpx-raw   httpx streaming, `aiter_lines` + json.loads, stamp after parsing
     aiohttp     aiohttp session, line reads + json.loads, stamp after parsing
@@ -44,7 +44,7 @@ from typing import Any, Literal
 import aiohttp
 import httpx
 
-from harness.client import TargetClient, default_limits, make_http_client
+from harness.target.client import TargetClient, default_limits, make_http_client
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 

@@ -11,7 +11,7 @@ rounds of three variants measured in the same run:
 Reported: median and p90 wall time per variant, the difference against the baseline, and the
 modules each variant imported beyond the baseline's (taken from one extra run of each with
 `-X importtime`), which shows that the unused plugin pulls in no torch, pandas, numpy, httpx
-or engine code. A fresh interpreter's `import harness.pytest_plugin` is timed on its own too.
+or engine code. A fresh interpreter's `import harness.plugin.pytest_plugin` is timed on its own too.
 
     .venv/bin/python benchmarks/bench_plugin_import.py              # 30 rounds
     .venv/bin/python benchmarks/bench_plugin_import.py --rounds 5   # smoke run
@@ -70,7 +70,7 @@ def imported_modules(root: Path, args: list[str]) -> set[str]:
 
 def plugin_import_ms() -> float:
     code = (
-        "import time, pytest; t = time.perf_counter(); import harness.pytest_plugin; "
+        "import time, pytest; t = time.perf_counter(); import harness.plugin.pytest_plugin; "
         "print((time.perf_counter() - t) * 1000)"
     )
     command = [sys.executable, "-c", code]
@@ -125,7 +125,7 @@ def main() -> None:
         if 0 < len(extra) <= 12:
             print(f"{'':<12} extra: {', '.join(extra)}")
     import_ms = plugin_import_ms()
-    print(f"import harness.pytest_plugin in a fresh interpreter (pytest preloaded): "
+    print(f"import harness.plugin.pytest_plugin in a fresh interpreter (pytest preloaded): "
           f"{import_ms:.1f} ms")  # fmt: skip
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(

@@ -4,7 +4,7 @@ Each measurement runs in a fresh Python process, so peak RSS (`resource.getrusag
 to that step alone:
 
 - `import`: import `reports.render` and do nothing (the fixed cost every step includes);
-- `parse`: stream the journal through `harness.journal.read_journal` and count events (the
+- `parse`: stream the journal through `harness.record.journal.read_journal` and count events (the
   baseline: no report can be faster than reading its journal once);
 - `frames`: `reports.frames.load_frames` (the columnar tables);
 - `render`: `reports.render.render_run`, all formats (summary.json, evidence/, report.md,
@@ -33,7 +33,7 @@ STEPS = ("import", "parse", "frames", "render")
 
 def child(step: str, run_dir: Path) -> None:
     """One measured step, in this (fresh) process; prints seconds and peak RSS as JSON."""
-    from harness.journal import read_journal
+    from harness.record.journal import read_journal
     from reports.frames import load_frames
     from reports.render import render_run
 

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.errors import ConfigError, RunIncomplete
+from canaries.errors import ConfigError, RunIncomplete
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_BY_VERDICT = {"clean": 0, "leak": 1, "inconclusive": 3}
 EXIT_RENDER_FAILED = 3
 
 
@@ -70,7 +69,7 @@ def run_report(args: argparse.Namespace) -> int:
         f"verdict: {result.verdict} ({counts['findings_total']} finding(s), "
         f"{counts['requests']['total']} request(s))"
     )
-    status = EXIT_BY_VERDICT[str(result.verdict)]
+    status = result.verdict.exit_status
     if result.errors and status == 0:
         return EXIT_RENDER_FAILED
     return status

@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.events import Event, ObservationRecorded, PlanRecorded, to_record
+from harness.record.events import Event, ObservationRecorded, PlanRecorded, to_record
 from reports.findings import FindingView, iter_finding_views
 from reports.frames import RunFrames
 

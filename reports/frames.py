@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from harness.events import (
+from harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,
@@ -30,9 +30,10 @@ from harness.events import (
     ProbeFinished,
     RunFinished,
     RunStarted,
+    TimingFitted,
 )
-from harness.journal import read_journal
-from harness.observation import Observation
+from harness.record.journal import read_journal
+from harness.record.observation import Observation
 from tenants.plan import RequestPlan
 
 CHUNK_ROWS = 16_384
@@ -118,6 +119,8 @@ class RunFrames:
     findings: pd.DataFrame
     probes: tuple[ProbeFinished, ...] = ()
     """Verdicts of the opt-in probe phases that ran (the cache probe)."""
+    timing: TimingFitted | None = None
+    """The timing detector's last journaled TTFT model (None: no fit was journaled)."""
 
 
 class _Columns:
@@ -241,6 +244,7 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
     finished: RunFinished | None = None
     phases: list[PhaseStarted] = []
     probes: list[ProbeFinished] = []
+    timing: TimingFitted | None = None
     pending: dict[str, tuple[Any, ...]] = {}
     requests = _Columns(REQUEST_SCHEMA)
     findings = _Columns(FINDING_SCHEMA)
@@ -263,11 +267,15 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
             finished = event
         elif isinstance(event, ProbeFinished):
             probes.append(event)
+        elif isinstance(event, TimingFitted):
+            timing = event
     for request_id, plan_row in pending.items():
         requests.append((request_id, *plan_row, *_NO_OBSERVATION))
     table = requests.to_pandas()
     _add_limit_ratios(table, run)
-    return RunFrames(run, finished, tuple(phases), table, findings.to_pandas(), tuple(probes))
+    return RunFrames(
+        run, finished, tuple(phases), table, findings.to_pandas(), tuple(probes), timing
+    )
 
 
 def load_frames(run_dir: Path) -> RunFrames:

@@ -19,7 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from harness.finding import FindingKind
+from harness.record.finding import FindingKind
 from reports.findings import KIND_MEANINGS, FindingView
 
 # Characters XML 1.0 cannot carry at all (ElementTree would write them and break the file).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from harness.finding import FindingKind
+from harness.record.finding import FindingKind
 from reports.findings import KIND_MEANINGS, FindingView
 
 MAX_EXCERPT_CHARS = 160

@@ -17,8 +17,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from harness.detectors.timing import TtftModel
-from harness.finding import FindingKind
+from harness.record.finding import FindingKind
+from harness.record.ttft_model import TtftModel
 from reports.frames import RunFrames, size_table
 
 MAX_PLOTTED_POINTS = 20_000

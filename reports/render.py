@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
-from harness.journal import journal_segments, read_journal
+from canaries.errors import ConfigError
+from harness.record.journal import journal_segments, read_journal
+from harness.record.verdict import Verdict
 from reports import plots
 from reports.evidence import EVIDENCE_DIR, named_request_ids, request_records, write_evidence
 from reports.findings import FindingView, listed_findings
@@ -31,8 +32,8 @@ from reports.frames import RunFrames, load_frames
 from reports.html import render_html
 from reports.junit import render_junit
 from reports.markdown import render_markdown
-from reports.summary import Verdict, compute_summary
-from reports.ttft import METHOD, refit_ttft
+from reports.summary import compute_summary
+from reports.ttft import journaled_ttft
 
 FORMATS = ("html", "md", "junit", "json")
 OUTPUT_NAMES = {
@@ -164,8 +165,7 @@ def _draw_plots(
     notes: dict[str, str] = {}
 
     def ttft() -> str:
-        model = refit_ttft(frames.requests)
-        notes["ttft_method"] = METHOD if model is not None else "too few accepted requests to fit"
+        model, notes["ttft_method"] = journaled_ttft(frames)
         return plots.ttft_plot(frames, model)
 
     steps: dict[str, Callable[[], str | None]] = {

@@ -22,26 +22,19 @@ from __future__ import annotations
 import dataclasses
 import re
 from datetime import UTC, datetime
-from enum import StrEnum
 from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.events import ProbeFinished
-from harness.finding import FindingKind
+from harness.record.events import ProbeFinished
+from harness.record.finding import FindingKind
+from harness.record.verdict import Verdict
 from reports.frames import OUTCOMES, RunFrames
+from reports.ttft import journaled_ttft
 
 SUMMARY_SCHEMA = 1
 _SCALARS = (bool, int, float, str, type(None))
 _SECRET_NAME = re.compile(r"key|token|secret|passw|auth|cookie|credential|header", re.IGNORECASE)
-
-
-class Verdict(StrEnum):
-    """What a run says about its target."""
-
-    LEAK = "leak"
-    CLEAN = "clean"
-    INCONCLUSIVE = "inconclusive"
 
 
 def compute_summary(frames: RunFrames) -> dict[str, Any]:
@@ -84,6 +77,7 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
         "phases": [phase.phase for phase in frames.phases],
         "probes": [_probe_record(probe) for probe in frames.probes],
         "checks_not_run": _checks_not_run(frames),
+        "timing": _timing(frames),
         "counts": {
             "requests": {
                 "total": len(requests),
@@ -198,6 +192,12 @@ def _report_version() -> str:
 def _probe_record(probe: ProbeFinished) -> dict[str, Any]:
     assessment = probe.details.get("assessment", {})
     return {"probe": probe.probe, "verdict": probe.verdict, "reasons": assessment.get("reasons")}
+
+
+def _timing(frames: RunFrames) -> dict[str, Any]:
+    """The timing detector's journaled model (the line reports draw and checks apply)."""
+    model, note = journaled_ttft(frames)
+    return {"model": model.to_dict() if model is not None else None, "note": note}
 
 
 def _checks_not_run(frames: RunFrames) -> dict[str, str]:

@@ -37,8 +37,8 @@ from canaries import (
     Tokenizer,
     build_prompt,
 )
+from canaries.errors import ConfigError
 from canaries.prompt import Filler
-from harness.errors import ConfigError
 from tenants.plan import ApiStyle, Intent, RequestPlan
 from tenants.size import LimitsLike, ResolvedSize, SizeSpec
 from tenants.tenant import Tenant

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from harness.errors import ConfigError
+from canaries.errors import ConfigError
 from tenants.plan import Expected, Intent
 
 _NAMES = ("pool", "context", "page", "limit")
@@ -42,7 +42,7 @@ _ALLOWED_NODES = (
 
 
 class LimitsLike(Protocol):
-    """What sizing needs from the target's limits (`harness.events.Limits` has it)."""
+    """What sizing needs from the target's limits (`harness.record.events.Limits` has it)."""
 
     @property
     def pool_tokens(self) -> int: ...

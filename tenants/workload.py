@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from harness.errors import ConfigError
+from canaries.errors import ConfigError
 from tenants.plan import Intent
 from tenants.size import LimitsLike, ResolvedSize, SizeSpec, size
 

@@ -19,10 +19,10 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import ConfigError
+from canaries.errors import ConfigError
 
 if TYPE_CHECKING:
-    from harness.audit import AuditResult
+    from harness.target.audit import AuditResult
 
 
 def register(subparsers: Any) -> None:
@@ -81,7 +81,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from harness.audit import run_audit
+    from harness.target.audit import run_audit
 
     urls = ([args.target] if args.target else []) + args.prefill + args.decode
     if not urls:
@@ -127,7 +127,8 @@ def _print_result(result: AuditResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.audit import AuditVerdict, SideVerdict, redact_url
+    from harness.record.verdict import Verdict
+    from harness.target.audit import SideVerdict, redact_url
 
     console = Console(highlight=False)
     if not console.is_terminal:
@@ -173,7 +174,7 @@ def _print_result(result: AuditResult) -> None:
     for finding in result.findings:
         say(f"[bold red]{finding.kind}[/] ({finding.severity}): {finding.summary}")
     num_findings = len(result.findings)
-    style = {AuditVerdict.CLEAN: "green", AuditVerdict.UNSAFE: "bold red"}.get(
+    style = {Verdict.CLEAN: "green", Verdict.UNSAFE: "bold red"}.get(
         result.verdict, "yellow"
     )
     say(

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness.options import parse_env_name, parse_url
+from harness.run.options import parse_env_name, parse_url
 
 _EPILOG = (
     "Exit status: 0 reproduced (for a clean control: it stayed clean); 1 not reproduced (the "
@@ -85,8 +85,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def repro_command(args: argparse.Namespace) -> int:
     """Load, run, print the verdict and the evidence paths; the exit status."""
-    from harness.repro import run_repro
-    from harness.scenario import parse_param_assignment, resolve_scenario
+    from harness.scenarios.repro import run_repro
+    from harness.scenarios.schema import parse_param_assignment, resolve_scenario
 
     params = dict(parse_param_assignment(text) for text in args.param)
     scenario = resolve_scenario(args.scenario, params)
@@ -112,8 +112,8 @@ def repro_command(args: argparse.Namespace) -> int:
 
 def scenarios_command(args: argparse.Namespace) -> int:
     """Print every shipped scenario: name, expected outcome, one line, parameters."""
-    from harness.scenario import resolve_scenario
     from harness.scenarios import shipped_names
+    from harness.scenarios.schema import resolve_scenario
 
     scenarios = [resolve_scenario(name) for name in shipped_names()]
     width = max(len(s.name) for s in scenarios)

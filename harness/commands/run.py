@@ -4,7 +4,7 @@
 the bundled reference engine. `soak` is the same runner for long unattended runs: bounded by
 a required `--duration`, with periodic reports, journal rotation and resume from `--out`.
 
-Both take their flags from `harness.options` (shared with the pytest plugin and the config
+Both take their flags from `harness.run.options` (shared with the pytest plugin and the config
 file). This module keeps its top-level imports light so `kvcanary --help` stays instant;
 the session and everything it pulls in are imported by the handler.
 """
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness.options import add_to_parser, given_values, options_for
-from harness.run_config import Command
+from harness.run.config import Command
+from harness.run.options import add_to_parser, given_values, options_for
 
 _EPILOG = (
     "Exit status: 0 clean, 1 findings, 2 usage or configuration error, 3 the run could not "
@@ -64,8 +64,8 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
 
 def run_command(command: Command, args: argparse.Namespace) -> int:
     """Resolve the settings, run, print the verdict and the outputs; the exit status."""
-    from harness.run_config import resolve
-    from harness.session import run_session
+    from harness.run.config import resolve
+    from harness.run.session import run_session
 
     flags = given_values(args, options_for(command))
     config = resolve(command, flags, flags.get("config"))

@@ -51,16 +51,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from canaries import CanaryIndex, Hit, Relation, StreamScanner, classify, redact
-from harness.finding import Finding, FindingKind, Severity
-from harness.observation import Observation
+from harness.record.finding import Finding, FindingKind
+from harness.record.observation import Observation
 from tenants.plan import RequestPlan
 
 DETECTOR = "content"
 
-_KIND_OF: dict[Relation, tuple[FindingKind, Severity]] = {
-    Relation.OTHER_TENANT: (FindingKind.CROSS_TENANT_CANARY, Severity.CRITICAL),
-    Relation.SAME_TENANT: (FindingKind.CROSS_REQUEST_CANARY, Severity.HIGH),
-    Relation.UNKNOWN: (FindingKind.UNKNOWN_CANARY, Severity.MEDIUM),
+_KIND_OF: dict[Relation, FindingKind] = {
+    Relation.OTHER_TENANT: FindingKind.CROSS_TENANT_CANARY,
+    Relation.SAME_TENANT: FindingKind.CROSS_REQUEST_CANARY,
+    Relation.UNKNOWN: FindingKind.UNKNOWN_CANARY,
 }
 
 _WORD = re.compile(r"[a-z]+")
@@ -167,7 +167,7 @@ class ResponseScan:
     def _finding(self, key: OwnerKey, relation: Relation) -> Finding:
         tally = self._tallies[key]
         hit = tally.first
-        kind, severity = _KIND_OF[relation]
+        kind = _KIND_OF[relation]
         _, victim_tenant, victim_request = key
         plan = self.plan
         where = f"{hit.layer} match at chars {hit.start}-{hit.end}"
@@ -185,7 +185,7 @@ class ResponseScan:
         summary = f"{plan.tenant}'s response to {plan.request_id} contained {what} ({where})"
         return Finding(
             kind=kind,
-            severity=severity,
+            severity=kind.severity,
             detector=DETECTOR,
             request_id=plan.request_id,
             tenant=plan.tenant,

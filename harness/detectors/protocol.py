@@ -25,10 +25,10 @@ timing detector), and does not judge rejections of requests a safe target should
 
 from __future__ import annotations
 
-from harness.errors import ConfigError
-from harness.events import Limits
-from harness.finding import Finding, FindingKind, Severity
-from harness.observation import Observation
+from canaries.errors import ConfigError
+from harness.record.events import Limits
+from harness.record.finding import Finding, FindingKind
+from harness.record.observation import Observation
 from tenants.plan import RequestPlan
 
 DETECTOR = "protocol"
@@ -106,7 +106,7 @@ class ProtocolDetector:
         )
         return Finding(
             kind=FindingKind.UNSAFE_ACCEPT,
-            severity=Severity.CRITICAL,
+            severity=FindingKind.UNSAFE_ACCEPT.severity,
             detector=DETECTOR,
             request_id=plan.request_id,
             tenant=plan.tenant,
@@ -145,7 +145,7 @@ class ProtocolDetector:
             )
         return Finding(
             kind=FindingKind.PROMPT_TOKENS_MISMATCH,
-            severity=Severity.HIGH,
+            severity=FindingKind.PROMPT_TOKENS_MISMATCH.severity,
             detector=DETECTOR,
             request_id=plan.request_id,
             tenant=plan.tenant,

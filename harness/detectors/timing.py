@@ -59,9 +59,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import siegelslopes
 
-from harness.errors import ConfigError
-from harness.finding import Finding, FindingKind, Severity
-from harness.observation import Observation
+from canaries.errors import ConfigError
+from harness.record.finding import Finding, FindingKind
+from harness.record.observation import Observation
+from harness.record.ttft_model import TtftModel
 from tenants.plan import RequestPlan
 
 DETECTOR = "timing"
@@ -69,80 +70,6 @@ _Z25 = 0.6745
 """-z of the 25th percentile of a normal distribution."""
 _Z25_MINUS_Z05 = 1.6449 - 0.6745
 _REFIT_GROWTH = 1.25
-
-
-@dataclass(frozen=True, slots=True)
-class TtftModel:
-    """A fitted TTFT-vs-prompt-tokens line and the rule that turns it into a verdict."""
-
-    intercept_ms: float
-    ms_per_token: float
-    scale_ms: float
-    """Noise of the fastest responses: (Q25 - Q05) of the residuals / 0.9704, floored."""
-    num_samples: int
-    """Samples in the fit (at most `max_fit_samples`)."""
-    num_sigmas: float
-    fraction: float
-    min_prefill_ms: float
-    method: str = "siegelslopes"
-
-    def predict(self, num_tokens: float) -> float:
-        """Expected TTFT in ms for a prompt of `num_tokens` tokens (works on arrays too)."""
-        return self.intercept_ms + self.ms_per_token * num_tokens
-
-    def lower_bound(self, num_tokens: float) -> float:
-        """Below this a real prefill is implausible (k noise scales under the prediction)."""
-        return self.predict(num_tokens) - self.num_sigmas * self.scale_ms
-
-    def threshold(self, num_tokens: float) -> float:
-        """TTFTs below this are flagged: less than `fraction` of the prefill work was done."""
-        return (
-            self.intercept_ms
-            + self.fraction * self.ms_per_token * num_tokens
-            - self.num_sigmas * self.scale_ms
-        )
-
-    def eligible(self, num_tokens: float) -> bool:
-        """Whether the predicted prefill of this length stands far enough above the noise."""
-        prefill_ms = self.ms_per_token * num_tokens
-        return (
-            self.fraction * prefill_ms >= 2 * self.num_sigmas * self.scale_ms
-            and prefill_ms >= self.min_prefill_ms
-        )
-
-    def is_fast(self, num_tokens: float, ttft_ms: float) -> bool:
-        return self.eligible(num_tokens) and ttft_ms < self.threshold(num_tokens)
-
-    @property
-    def min_eligible_tokens(self) -> float:
-        """The shortest prompt the rule applies to (inf if the slope is zero)."""
-        if self.ms_per_token <= 0:
-            return float("inf")
-        by_noise = 2 * self.num_sigmas * self.scale_ms / (self.fraction * self.ms_per_token)
-        return max(by_noise, self.min_prefill_ms / self.ms_per_token)
-
-    @property
-    def rule(self) -> str:
-        return (
-            f"flag when ttft < intercept + {self.fraction:g} x ms_per_token x n - "
-            f"{self.num_sigmas:g} x scale, for n with {self.fraction:g} x ms_per_token x n >= "
-            f"{2 * self.num_sigmas:g} x scale and ms_per_token x n >= {self.min_prefill_ms:g} ms"
-        )
-
-    def to_dict(self) -> dict[str, float | int | str]:
-        """Plain values for summary.json and reports."""
-        return {
-            "intercept_ms": self.intercept_ms,
-            "ms_per_token": self.ms_per_token,
-            "scale_ms": self.scale_ms,
-            "num_samples": self.num_samples,
-            "num_sigmas": self.num_sigmas,
-            "fraction": self.fraction,
-            "min_prefill_ms": self.min_prefill_ms,
-            "min_eligible_tokens": self.min_eligible_tokens,
-            "method": self.method,
-            "rule": self.rule,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +262,7 @@ def _finding(c: _Candidate, model: TtftModel, when: str) -> Finding:
     )
     return Finding(
         kind=FindingKind.FAST_PREFILL,
-        severity=Severity.HIGH,
+        severity=FindingKind.FAST_PREFILL.severity,
         detector=DETECTOR,
         request_id=c.request_id,
         tenant=c.tenant,

@@ -2,7 +2,7 @@
 
 `kvcanary repro NAME` and `kvcanary scenarios` read them through `importlib.resources`, so
 they work from a wheel as well as from a source tree. This module only finds and reads the
-files; `harness.scenario` validates them.
+files; `harness.scenarios.schema` validates them.
 """
 
 from __future__ import annotations

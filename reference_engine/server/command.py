@@ -16,7 +16,7 @@ import textwrap
 import time
 from typing import Any
 
-from harness.errors import ConfigError, RunIncomplete
+from canaries.errors import ConfigError, RunIncomplete
 
 _DEFAULT_PORT = 30000  # SGLang's default
 
@@ -162,6 +162,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    from reference_engine.availability import require_engine
+
+    require_engine("kvcanary serve")
     from reference_engine.server.launch import make_config
 
     config = make_config(args.preset, args.fix, **_overrides(args))

@@ -31,7 +31,8 @@ from typing import IO, Any
 
 import httpx
 
-from harness.errors import ConfigError
+from canaries.errors import ConfigError
+from reference_engine.availability import require_engine
 
 _STARTUP_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 10.0
@@ -298,6 +299,9 @@ def running_engine(
     **overrides: Any,
 ) -> Iterator[EngineHandle]:
     """The engine on a free loopback port for the duration of the block."""
+    require_engine(
+        "a run without --target", alternative="test a running deployment with --target URL"
+    )
     config = make_config(preset, fixes, **overrides)
     if processes:
         cluster = ProcessCluster(config)

@@ -1,4 +1,4 @@
-"""Recorded runs for report tests and benchmarks: journals written with `harness.events`.
+"""Recorded runs for report tests and benchmarks: journals written with `harness.record.events`.
 
 `RunRecorder` writes a journal the way the runner does (run start, phases, a plan before
 each observation, findings after the observation that caused them, run end), so reports are
@@ -17,7 +17,7 @@ from typing import Any
 
 from canaries.shape import TAG, WORDS
 from canaries.span import CanarySpan
-from harness.events import (
+from harness.record.events import (
     FindingRecorded,
     Limits,
     ObservationRecorded,
@@ -26,9 +26,9 @@ from harness.events import (
     RunFinished,
     RunStarted,
 )
-from harness.finding import Finding, FindingKind, Severity
-from harness.journal import JournalWriter
-from harness.observation import ErrorKind, Observation, Usage
+from harness.record.finding import Finding, FindingKind, Severity
+from harness.record.journal import JournalWriter
+from harness.record.observation import ErrorKind, Observation, Usage
 from tenants.plan import Expected, Intent, RequestPlan
 
 LIMITS = Limits(pool_tokens=4096, context_tokens=8192, page_size=16, source="engine")

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import run_journals
 
-from harness.events import Event, ObservationRecorded, PlanRecorded
-from harness.journal import read_journal
+from harness.record.events import Event, ObservationRecorded, PlanRecorded
+from harness.record.journal import read_journal
 from reports import frames as frames_module
 from reports.frames import frames_from_events, load_frames, size_table, tenant_table
 

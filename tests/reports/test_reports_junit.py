@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.finding import FindingKind
+from harness.record.finding import FindingKind
 from reports.render import RenderResult
 
 SCHEMA = Path(__file__).with_name("junit.xsd")

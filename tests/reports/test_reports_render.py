@@ -12,8 +12,8 @@ import pytest
 import run_journals
 from run_journals import PLANTED_FOREIGN_TEXT, PLANTED_KEY_ENV, PLANTED_KEY_VALUE
 
-from harness.errors import ConfigError
-from harness.finding import Finding, FindingKind, Severity
+from canaries.errors import ConfigError
+from harness.record.finding import Finding, FindingKind, Severity
 from reports import findings as findings_module
 from reports import plots
 from reports import render as render_module

@@ -8,7 +8,7 @@ from typing import Any
 
 from run_journals import TENANTS, RunRecorder
 
-from harness.finding import Finding, FindingKind, Severity
+from harness.record.finding import Finding, FindingKind, Severity
 from reports.frames import load_frames
 from reports.summary import Verdict, compute_summary, safe_settings, safe_target
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import pytest
 
 from canaries import CanaryMinter, Owner, Tokenizer, load_tokenizer
-from harness.errors import ConfigError
-from harness.events import Limits, PlanRecorded, to_record
+from canaries.errors import ConfigError
+from harness.record.events import Limits, PlanRecorded, to_record
 from tenants.plan import ApiStyle, RequestPlan
 from tenants.planner import Planner
 from tenants.size import size

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.errors import ConfigError
-from harness.events import Limits
+from canaries.errors import ConfigError
+from harness.record.events import Limits
 from tenants.size import SizeSpec, evaluate, expected_outcome, input_limit, size
 
 

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from harness.errors import ConfigError
+from canaries.errors import ConfigError
 from tenants.tenant import Tenant, default_tenants
 
 SECRET = "sk-planted-0123456789abcdef"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.errors import ConfigError
-from harness.events import Limits
+from canaries.errors import ConfigError
+from harness.record.events import Limits
 from tenants.size import size
 from tenants.workload import PROFILES, WorkloadProfile, get_profile, profile_names
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.events import Limits
-from harness.observation import Observation, Usage
+from harness.record.events import Limits
+from harness.record.observation import Observation, Usage
 from tenants.plan import RequestPlan
 
 LIMITS = Limits(pool_tokens=2048, context_tokens=4096, page_size=16, source="flags")

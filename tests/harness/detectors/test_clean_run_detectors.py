@@ -8,7 +8,7 @@ from detector_factories import LIMITS, make_obs, make_plan
 
 from canaries import WORDS, CanaryIndex, CanaryMinter, Owner
 from harness.detectors import ContentDetector, ProtocolDetector, TimingDetector
-from harness.finding import Finding
+from harness.record.finding import Finding
 
 SIZES = (64, 256, 512, 1024, 1536, 2000)
 

@@ -12,7 +12,7 @@ from canaries import CanaryIndex, CanaryMinter, Owner
 from canaries.index import SCAN_BLOCK
 from canaries.span import CanarySpan
 from harness.detectors import ContentDetector, ResponseScan
-from harness.finding import Finding, FindingKind, Severity
+from harness.record.finding import Finding, FindingKind, Severity
 from tenants.plan import RequestPlan
 
 SECRET = "the other customer's quarterly revenue is 4.2 million"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from detector_factories import LIMITS, make_obs, make_plan
 
+from canaries.errors import ConfigError
 from harness.detectors import ProtocolDetector
-from harness.errors import ConfigError
-from harness.events import Limits
-from harness.finding import FindingKind, Severity
+from harness.record.events import Limits
+from harness.record.finding import FindingKind, Severity
 
 
 def kinds(findings: list) -> list[FindingKind]:  # type: ignore[type-arg]

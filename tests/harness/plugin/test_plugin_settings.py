@@ -22,7 +22,7 @@ import pytest
 # once here, so every run reuses the same modules.
 PRELOADED = [
     importlib.import_module(name)
-    for name in ("harness.check_suite", "harness.session", "reports.render",
+    for name in ("harness.plugin.suite", "harness.run.session", "reports.render",
                  "httpcore._backends.anyio")
 ]  # fmt: skip
 
@@ -210,10 +210,10 @@ def test_a_bad_config_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 def test_loading_the_plugin_imports_nothing_heavy() -> None:
     # what `pytest` pays for the plugin when no kvcanary option is used
-    heavy = ("torch", "pandas", "numpy", "httpx", "reference_engine", "harness.session",
-             "harness.runner", "harness.target_under_test", "reports")  # fmt: skip
+    heavy = ("torch", "pandas", "numpy", "httpx", "reference_engine", "harness.run.session",
+             "harness.run.runner", "harness.plugin.target", "reports")  # fmt: skip
     code = (
-        "import sys, harness.pytest_plugin\n"
+        "import sys, harness.plugin.pytest_plugin\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} or m in {heavy!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

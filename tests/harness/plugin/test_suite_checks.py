@@ -15,11 +15,8 @@ from typing import Any
 
 import pytest
 
-from harness.audit import audit_facts
-from harness.checks import (
-    CHECKS_BY_NAME,
-    MAX_FINDINGS_SHOWN,
-    describe,
+from harness.plugin.checklist import CHECKS_BY_NAME
+from harness.plugin.checks import (
     no_leak_after_disconnect,
     no_leak_at_or_above_limits,
     no_leak_below_limits,
@@ -29,7 +26,9 @@ from harness.checks import (
     real_prefill,
     usage_matches,
 )
-from harness.events import (
+from harness.plugin.results import MAX_FINDINGS_SHOWN, describe
+from harness.plugin.target import WorkloadResult, read_result
+from harness.record.events import (
     Event,
     FindingRecorded,
     Limits,
@@ -38,11 +37,11 @@ from harness.events import (
     RunFinished,
     RunStarted,
 )
-from harness.finding import Finding, FindingKind, Severity
-from harness.journal import JournalWriter
-from harness.observation import ErrorKind, Observation, Usage
-from harness.server_info import EngineFacts, Role, SideFacts
-from harness.target_under_test import WorkloadResult, read_result
+from harness.record.finding import Finding, FindingKind, Severity
+from harness.record.journal import JournalWriter
+from harness.record.observation import ErrorKind, Observation, Usage
+from harness.target.audit import audit_facts
+from harness.target.server_info import EngineFacts, Role, SideFacts
 from tenants.plan import Expected, Intent, RequestPlan
 
 POOL, CONTEXT = 2656, 4096

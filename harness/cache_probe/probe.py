@@ -1,0 +1,286 @@
+"""The cross-tenant prefix-cache timing probe: sending the trials, assessing them.
+
+The trials are `harness.cache_probe.design`'s (re-exported here: this module is the probe's
+public API). They are sent one at a time, after a few unmeasured warm-up requests; only the
+timed request's TTFT enters the statistics (`harness.cache_probe.stats`), with the cached tokens
+the target reported for it, and a trial whose seed request failed is dropped (its prefix
+may not be cached).
+
+Everything sent and seen can be journaled through `emit` (phase `cache_probe`, plans with
+intent `control`, observations with their one-token text dropped, findings, and last a
+`ProbeFinished` event with the verdict and statistics). This module knows nothing about how
+an engine caches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from canaries import CanaryMinter, Tokenizer
+from harness.cache_probe.design import (
+    DEFAULT_NUM_TRIALS,
+    DEFAULT_PREFIX_FRACTION,
+    DEFAULT_PROMPT_TOKENS,
+    PHASE,
+    Arm,
+    Design,
+    ProbeSettings,
+    Send,
+    Trial,
+    design_trials,
+    probe_tenants,
+    settings_for,
+    shares_credentials,
+)
+from harness.cache_probe.stats import (
+    ArmKind,
+    ArmPair,
+    ArmSample,
+    Assessment,
+    Verdict,
+    assess,
+    findings_of,
+)
+from harness.record.events import (
+    Event,
+    FindingRecorded,
+    ObservationRecorded,
+    PhaseStarted,
+    PlanRecorded,
+    ProbeFinished,
+)
+from harness.record.finding import Finding
+from harness.record.observation import Observation
+from tenants.plan import RequestPlan
+from tenants.tenant import Tenant
+
+__all__ = [
+    "DEFAULT_NUM_TRIALS",
+    "DEFAULT_PREFIX_FRACTION",
+    "DEFAULT_PROMPT_TOKENS",
+    "PHASE",
+    "CacheProbe",
+    "CacheProbeResult",
+    "Design",
+    "ProbeSender",
+    "ProbeSettings",
+    "Send",
+    "Trial",
+    "TrialOutcome",
+    "design_trials",
+    "probe_tenants",
+    "run_cache_probe",
+    "settings_for",
+    "shares_credentials",
+]
+
+
+class ProbeSender(Protocol):
+    """Sends one plan and reports what was seen (`harness.target.client.TargetClient`)."""
+
+    async def send(
+        self,
+        plan: RequestPlan,
+        tenant: Tenant,
+        *,
+        t_scheduled_ns: int,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Observation: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TrialOutcome:
+    """What one trial measured."""
+
+    trial: Trial
+    ttft_ms: float | None
+    """The timed request's TTFT; None when it or its seed failed."""
+    cached_tokens: int | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheProbeResult:
+    """The probe's outcome: verdict, statistics, findings and every trial."""
+
+    design: Design
+    assessment: Assessment
+    findings: tuple[Finding, ...]
+    outcomes: tuple[TrialOutcome, ...] = field(repr=False)
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.assessment.verdict
+
+    def to_details(self) -> dict[str, Any]:
+        return {"assessment": self.assessment.to_details(), "design": self.design.to_record()}
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+class CacheProbe:
+    """Sends a design's requests one at a time and assesses what it measured.
+
+    `stop()` (a first Ctrl-C) sends no further trial once the one in flight is done;
+    `cancel()` (a second) also cancels the request in flight. Either way the trials measured
+    so far are assessed (too few, and the verdict is `unverifiable`).
+    """
+
+    def __init__(
+        self, sender: ProbeSender, design: Design, *, emit: Callable[[Event], None] | None = None
+    ) -> None:
+        """`emit` journals every plan, observation and finding as it happens."""
+        self.sender = sender
+        self.design = design
+        self._emit = emit
+        self._stopping = False
+        self._cancelled = False
+        self._in_flight: asyncio.Future[Observation] | None = None
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def cancel(self) -> None:
+        self._stopping = self._cancelled = True
+        if self._in_flight is not None:
+            self._in_flight.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def run(self) -> CacheProbeResult:
+        self._event(PhaseStarted(PHASE, time.time()))
+        for send in self.design.warmup:
+            if not self._stopping:
+                await self._send(send)
+        outcomes = []
+        for trial in self.design.trials:
+            if self._stopping:
+                break
+            outcomes.append(await self._trial(trial))
+        result = self.assess(outcomes)
+        for finding in result.findings:
+            self._event(FindingRecorded(finding, time.time()))
+        self._event(ProbeFinished(PHASE, result.verdict, result.to_details(), time.time()))
+        return result
+
+    def assess(self, outcomes: Sequence[TrialOutcome]) -> CacheProbeResult:
+        """The statistics of `outcomes` (also usable on outcomes read back from a journal)."""
+        settings = self.design.settings
+        positive = ArmPair(
+            "same_tenant",
+            "*",
+            "*",
+            _sample(outcomes, "same_tenant"),
+            _sample(outcomes, "miss"),
+        )
+        family = []
+        cache_arms: tuple[ArmKind, ...] = ("cross_tenant", "spoofed_salt")
+        for owner, prober in self.design.pairs:
+            baseline = _sample(outcomes, "miss", owner, prober)
+            for kind in cache_arms:
+                candidate = _sample(outcomes, kind, owner, prober)
+                if self.design.has_arm(kind, owner, prober):
+                    family.append(ArmPair(kind, owner, prober, candidate, baseline))
+        assessment = assess(
+            positive,
+            family,
+            shared_tokens=_shared_pages(self.design),
+            alpha=settings.alpha,
+            trim_outliers=settings.trim_outliers,
+        )
+        findings = findings_of(assessment, self.design.to_record())
+        return CacheProbeResult(self.design, assessment, tuple(findings), tuple(outcomes))
+
+    async def _trial(self, trial: Trial) -> TrialOutcome:
+        observations: list[Observation] = []
+        for send in trial.sends:
+            if self._cancelled and observations:  # a second Ctrl-C sends nothing more
+                break
+            observations.append(await self._send(send))
+        failed = next((o for o in observations if not o.ok or o.ttft_ns is None), None)
+        if failed is not None:
+            why = failed.error or f"HTTP {failed.status} without a first token"
+            return TrialOutcome(trial, None, None, f"{failed.request_id}: {why}")
+        timed = observations[-1]
+        assert timed.ttft_ns is not None
+        return TrialOutcome(trial, timed.ttft_ns / 1e6, timed.usage.cached_tokens)
+
+    async def _send(self, send: Send) -> Observation:
+        if self.design.settings.pause_s:
+            await asyncio.sleep(self.design.settings.pause_s)
+        self._event(PlanRecorded(send.plan))
+        t_sent_ns, t_wall = time.perf_counter_ns(), time.time()
+        self._in_flight = asyncio.ensure_future(
+            self.sender.send(send.plan, send.tenant, t_scheduled_ns=t_sent_ns, on_text=None)
+        )
+        try:
+            obs = await self._in_flight
+        except asyncio.CancelledError:
+            if not (self._cancelled and self._in_flight.cancelled()):
+                raise  # this task itself is being cancelled, not just the request
+            obs = Observation(
+                request_id=send.plan.request_id,
+                tenant=send.plan.tenant,
+                status=None,
+                t_wall=t_wall,
+                t_scheduled_ns=t_sent_ns,
+                t_sent_ns=t_sent_ns,
+                t_done_ns=time.perf_counter_ns(),
+                error_kind="cancelled",
+                error="cancelled by the user",
+            )
+        finally:
+            self._in_flight = None
+        # the text is one token of a reply to our own prompt; only its hash is kept
+        self._event(ObservationRecorded(dataclasses.replace(obs, text="", text_redacted=True)))
+        return obs
+
+    def _event(self, event: Event) -> None:
+        if self._emit is not None:
+            self._emit(event)
+
+
+def _sample(
+    outcomes: Sequence[TrialOutcome], arm: Arm, owner: str | None = None, prober: str | None = None
+) -> ArmSample:
+    chosen = [
+        o
+        for o in outcomes
+        if o.trial.arm == arm
+        and o.ttft_ms is not None
+        and (owner is None or o.trial.owner == owner)
+        and (prober is None or o.trial.prober == prober)
+    ]
+    return ArmSample(
+        tuple(o.ttft_ms for o in chosen if o.ttft_ms is not None),
+        tuple(o.cached_tokens for o in chosen),
+    )
+
+
+def _shared_pages(design: Design) -> int:
+    """Tokens a page-granular cache can serve to a timed request: its shared whole pages."""
+    page = design.settings.page_size
+    shared = [t.num_shared_tokens for t in design.trials if t.arm != "miss"]
+    return min(shared, default=0) // page * page
+
+
+async def run_cache_probe(
+    sender: ProbeSender,
+    tenants: Sequence[Tenant],
+    tokenizer: Tokenizer,
+    settings: ProbeSettings | None = None,
+    *,
+    emit: Callable[[Event], None] | None = None,
+    minter: CanaryMinter | None = None,
+) -> CacheProbeResult:
+    """Design the trials for `tenants`, send them through `sender`, assess them."""
+    design = design_trials(tenants, tokenizer, settings or ProbeSettings(), minter=minter)
+    return await CacheProbe(sender, design, emit=emit).run()

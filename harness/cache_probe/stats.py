@@ -1,0 +1,356 @@
+"""Statistics of the prefix-cache timing probe: which arms were served from a cache.
+
+The probe (`harness.cache_probe.probe`) measures time-to-first-token (TTFT) in arms of trials: a
+*miss* arm (fresh prefixes, the negative control) and arms that may be cache hits: the
+*same-tenant* arm (the positive control: a tenant re-sends its own prefix, which a working
+cache must serve), *cross-tenant* arms (tenant B sends tenant A's prefix) and *spoofed-salt*
+arms (B sends A's prefix with A's `cache_salt`). This module decides, per arm, whether it is
+faster than its miss baseline, and turns that into a verdict.
+
+One contrast (a candidate arm against its baseline):
+
+- upper outliers (> Q3 + 1.5 IQR) are trimmed from each arm (queueing spikes; CacheProbe);
+- one-sided two-sample Kolmogorov-Smirnov (`alternative="greater"`: the candidate's CDF lies
+  above the baseline's, as Gu et al.) and one-sided Mann-Whitney U (`alternative="less"`,
+  power against a location shift; exact when there are no ties);
+- the contrast's p-value is the larger of the two (an intersection-union test: it rejects
+  only when both do, and is a level-alpha test without further correction);
+- effect sizes: the median ratio (candidate / baseline), the fraction of candidate TTFTs
+  below the fastest baseline TTFT, and P(candidate < baseline) = 1 - U / (n1 n2).
+
+The cross-tenant and spoofed-salt contrasts form one family: Holm's step-down correction
+controls the family-wise error at `alpha` across tenant pairs. The positive control is a
+single test at `alpha`.
+
+Ground truth: where the target reports `usage.prompt_tokens_details.cached_tokens`, a trial
+is a *reported hit* when it reports at least half of the shared prefix as cached, and an arm
+*says hit* when most of its reporting trials do. An arm is served from cache when timing
+says so or the target's own count does; `agreement` compares the two.
+
+Verdict: `found` when any cross-tenant or spoofed-salt arm is served from cache; otherwise
+`not_found` when the positive control is (the cache works and the probe can see it), and
+`unverifiable` when it is not (cache off, or its effect too small to see): a probe that
+cannot see a tenant's own hits proves nothing about isolation.
+
+It deliberately knows nothing about HTTP, prompts or trial order (that is the probe).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from harness.cache_probe.significance import (
+    MIN_SAMPLES,
+    ArmTest,
+    compare_arms,
+    holm,
+    trim_upper_outliers,
+)
+from harness.record.finding import Finding, FindingKind
+
+DEFAULT_ALPHA = 1e-3
+"""Family-wise error rate across tenant pairs (Holm); the positive control uses it as is."""
+REPORTED_HIT_FRACTION = 0.5
+"""A trial is a reported hit when `cached_tokens` covers at least this share of the prefix."""
+
+Verdict = Literal["found", "not_found", "unverifiable"]
+ArmKind = Literal["same_tenant", "cross_tenant", "spoofed_salt"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArmSample:
+    """One arm's successful trials: TTFT in milliseconds and the cached tokens reported."""
+
+    ttft_ms: tuple[float, ...]
+    cached_tokens: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert not self.cached_tokens or len(self.cached_tokens) == len(self.ttft_ms)
+        assert all(math.isfinite(t) for t in self.ttft_ms), "TTFTs must be finite"
+
+
+@dataclass(frozen=True, slots=True)
+class GroundTruth:
+    """What the target itself reported as cached for one arm's trials."""
+
+    num_trials: int
+    num_reporting: int
+    """Trials whose response carried `cached_tokens` at all."""
+    num_reported_hits: int
+    threshold_tokens: int
+    median_cached_tokens: float | None
+
+    @property
+    def says_hit(self) -> bool | None:
+        """Most reporting trials were hits; None when the target reports nothing."""
+        if self.num_reporting == 0:
+            return None
+        return self.num_reported_hits * 2 > self.num_reporting
+
+
+@dataclass(frozen=True, slots=True)
+class Contrast:
+    """One candidate arm against its miss baseline, with its decision."""
+
+    kind: ArmKind
+    owner: str
+    """The tenant whose prefix was cached first."""
+    prober: str
+    """The tenant whose timing was measured."""
+    test: ArmTest
+    p_adjusted: float
+    alpha: float
+    reported: GroundTruth
+    baseline_reported: GroundTruth
+
+    @property
+    def timing_hit(self) -> bool:
+        return self.test.tested and self.p_adjusted < self.alpha
+
+    @property
+    def cache_hit(self) -> bool:
+        """Served from cache, by timing or by the target's own count."""
+        return self.timing_hit or self.reported.says_hit is True
+
+    @property
+    def agreement(self) -> bool | None:
+        """Timing and the reported count agree; None where the target reports nothing."""
+        says_hit = self.reported.says_hit
+        return None if says_hit is None else says_hit == self.timing_hit
+
+    def to_details(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "owner": self.owner,
+            "prober": self.prober,
+            "timing_hit": self.timing_hit,
+            "cache_hit": self.cache_hit,
+            "p_adjusted": self.p_adjusted,
+            "test": _rounded(self.test),
+            "reported": _truth_details(self.reported),
+            "baseline_reported": _truth_details(self.baseline_reported),
+            "agreement": self.agreement,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """The probe's statistical outcome: the verdict, its reasons, every contrast."""
+
+    verdict: Verdict
+    alpha: float
+    positive_control: Contrast
+    contrasts: tuple[Contrast, ...]
+    """Cross-tenant and spoofed-salt contrasts (one Holm family)."""
+    reasons: tuple[str, ...]
+
+    @property
+    def found(self) -> tuple[Contrast, ...]:
+        return tuple(c for c in self.contrasts if c.cache_hit)
+
+    @property
+    def agreement(self) -> bool | None:
+        """Every contrast's timing agrees with the target's count (None: nothing reported)."""
+        votes = [c.agreement for c in (self.positive_control, *self.contrasts)]
+        known = [v for v in votes if v is not None]
+        return all(known) if known else None
+
+    def to_details(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "alpha": self.alpha,
+            "correction": f"holm over {len(self.contrasts)} contrasts",
+            "test": "one-sided KS and Mann-Whitney U, p = max of the two",
+            "reasons": list(self.reasons),
+            "positive_control": self.positive_control.to_details(),
+            "contrasts": [c.to_details() for c in self.contrasts],
+            "agreement": self.agreement,
+        }
+
+
+def reported_truth(cached_tokens: Sequence[int | None], shared_tokens: int) -> GroundTruth:
+    """The target's own count for one arm: hits cover >= half of `shared_tokens`."""
+    threshold = max(1, math.ceil(REPORTED_HIT_FRACTION * shared_tokens))
+    reported = [c for c in cached_tokens if c is not None]
+    return GroundTruth(
+        num_trials=len(cached_tokens),
+        num_reporting=len(reported),
+        num_reported_hits=sum(c >= threshold for c in reported),
+        threshold_tokens=threshold,
+        median_cached_tokens=float(np.median(reported)) if reported else None,
+    )
+
+
+# -- the verdict -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ArmPair:
+    """A candidate arm and its baseline, before testing."""
+
+    kind: ArmKind
+    owner: str
+    prober: str
+    candidate: ArmSample
+    baseline: ArmSample
+
+
+def assess(
+    positive_control: ArmPair,
+    family: Sequence[ArmPair],
+    *,
+    shared_tokens: int,
+    alpha: float = DEFAULT_ALPHA,
+    trim_outliers: bool = True,
+) -> Assessment:
+    """Test every arm, correct the cross-tenant family with Holm, decide the verdict."""
+    assert 0 < alpha < 1, alpha
+    assert positive_control.kind == "same_tenant"
+    assert all(p.kind != "same_tenant" for p in family)
+    tests = [
+        compare_arms(p.candidate.ttft_ms, p.baseline.ttft_ms, trim_outliers=trim_outliers)
+        for p in (positive_control, *family)
+    ]
+    adjusted = holm([t.p_value for t in tests[1:]])
+    positive = _contrast(positive_control, tests[0], tests[0].p_value, alpha, shared_tokens)
+    contrasts = tuple(
+        _contrast(pair, test, p, alpha, shared_tokens)
+        for pair, test, p in zip(family, tests[1:], adjusted, strict=True)
+    )
+    verdict, reasons = _verdict(positive, contrasts)
+    return Assessment(verdict, alpha, positive, contrasts, reasons)
+
+
+def _contrast(
+    pair: ArmPair, test: ArmTest, p_adjusted: float, alpha: float, shared_tokens: int
+) -> Contrast:
+    return Contrast(
+        kind=pair.kind,
+        owner=pair.owner,
+        prober=pair.prober,
+        test=test,
+        p_adjusted=p_adjusted,
+        alpha=alpha,
+        reported=reported_truth(pair.candidate.cached_tokens, shared_tokens),
+        baseline_reported=reported_truth(pair.baseline.cached_tokens, shared_tokens),
+    )
+
+
+def _verdict(positive: Contrast, contrasts: Sequence[Contrast]) -> tuple[Verdict, tuple[str, ...]]:
+    reasons = [_describe(c) for c in contrasts if c.cache_hit]
+    if reasons:
+        if not positive.cache_hit:
+            reasons.append("(the positive control did not show the cache, yet these arms did)")
+        return "found", tuple(reasons)
+    if positive.cache_hit:
+        how = "timing" if positive.timing_hit else "the target's cached_tokens"
+        return "not_found", (
+            f"the positive control shows a working cache ({how}: {_effect(positive)}), and no "
+            f"cross-tenant arm was served from it ({len(contrasts)} contrasts, Holm at "
+            f"alpha {positive.alpha:g})",
+        )
+    if not positive.test.tested:
+        why = "too few successful requests to test the positive control"
+    else:
+        why = (
+            f"the positive control failed: a tenant re-sending its own prefix was not faster "
+            f"({_effect(positive)}, p={positive.p_adjusted:.2g} >= alpha {positive.alpha:g})"
+        )
+        if positive.reported.says_hit is False:
+            why += " and the target reports no cached tokens"
+    return "unverifiable", (why + ": the cache is off or its effect is invisible here",)
+
+
+def _describe(c: Contrast) -> str:
+    arm = {
+        "cross_tenant": f"{c.prober} re-sending {c.owner}'s prefix",
+        "spoofed_salt": f"{c.prober} re-sending {c.owner}'s prefix with {c.owner}'s cache_salt",
+        "same_tenant": f"{c.owner} re-sending its own prefix",
+    }[c.kind]
+    evidence = []
+    if c.timing_hit:
+        evidence.append(f"timing {_effect(c)}, p={c.p_adjusted:.2g} < alpha {c.alpha:g}")
+    if c.reported.says_hit:
+        evidence.append(
+            f"the target reports {c.reported.num_reported_hits}/{c.reported.num_reporting} "
+            "trials as cached"
+        )
+    return f"{arm} was served from cache: {'; '.join(evidence)}"
+
+
+def _effect(c: Contrast) -> str:
+    t = c.test
+    if not t.tested:
+        return "not tested"
+    return (
+        f"median TTFT {t.median_candidate_ms:.1f} ms vs {t.median_baseline_ms:.1f} ms "
+        f"(ratio {t.median_ratio:.2f})"
+    )
+
+
+def findings_of(assessment: Assessment, design: dict[str, Any]) -> list[Finding]:
+    """One `shared_prefix_cache` finding per arm served from another tenant's cache."""
+    findings = []
+    for contrast in assessment.found:
+        findings.append(
+            Finding(
+                kind=FindingKind.SHARED_PREFIX_CACHE,
+                severity=FindingKind.SHARED_PREFIX_CACHE.severity,
+                detector="cache_probe",
+                request_id=None,
+                tenant=contrast.prober,
+                victim_tenant=contrast.owner,
+                summary=_describe(contrast),
+                details={
+                    "contrast": contrast.to_details(),
+                    "assessment": assessment.to_details(),
+                    "design": design,
+                },
+            )
+        )
+    return findings
+
+
+def _rounded(test: ArmTest) -> dict[str, Any]:
+    """JSON-ready: floats kept as they are (p-values can be tiny), NaN and inf as None."""
+    return {
+        name: (None if isinstance(value, float) and not math.isfinite(value) else value)
+        for name, value in dataclasses.asdict(test).items()
+    }
+
+
+def _truth_details(truth: GroundTruth) -> dict[str, Any]:
+    return {
+        "num_trials": truth.num_trials,
+        "num_reporting": truth.num_reporting,
+        "num_reported_hits": truth.num_reported_hits,
+        "threshold_tokens": truth.threshold_tokens,
+        "median_cached_tokens": truth.median_cached_tokens,
+        "says_hit": truth.says_hit,
+    }
+
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "MIN_SAMPLES",
+    "ArmKind",
+    "ArmPair",
+    "ArmSample",
+    "ArmTest",
+    "Assessment",
+    "Contrast",
+    "GroundTruth",
+    "Verdict",
+    "assess",
+    "compare_arms",
+    "findings_of",
+    "holm",
+    "reported_truth",
+    "trim_upper_outliers",
+]

@@ -1,0 +1,298 @@
+"""kvcanary's pytest plugin: options, fixtures, the `kvcanary` marker and the built-in suite.
+
+Registered as the `kvcanary` entry point of `pytest11`, so installing kvcanary is enough and
+`-p no:kvcanary` turns it off. What it adds:
+
+    options    one group, `kvcanary`, every flag spelled `--kvcanary-<name>`, built from the
+               same `harness.run.options.OPTIONS` as `kvcanary run` (plus `--kvcanary-engine`,
+               `--kvcanary-suite`); each also readable from the ini file as `kvcanary_<name>`.
+               Precedence: command line, ini file, `--kvcanary-config` TOML, defaults.
+    fixtures   `kvcanary_target` (session), `kvcanary_tenants`, `kvcanary_canaries`,
+               `kvcanary_run` (a callable that runs a workload and returns a `WorkloadResult`)
+    marker     `@pytest.mark.kvcanary`: the test drives the target; skipped without one
+    suite      `--kvcanary-suite` adds `harness.plugin.suite` (nine checks) under node id
+               `kvcanary`, as ordinary test items: -k, -x, --junitxml all apply
+    summary    a `kvcanary` section at the end: every run's verdict, findings, report path
+
+Start-up stays cheap on purpose: at import this module touches only `harness.run.options` (data
+and argparse helpers). The target, the session runner, pandas and the engine are imported by
+the fixture or hook that needs them, so the plugin costs nothing in test runs that never use
+it. State lives in `config.stash`, never on module globals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Iterator
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
+
+from harness.run.options import (
+    OPTIONS_BY_NAME,
+    PLUGIN_PREFIX,
+    Option,
+    add_to_parser,
+    options_for,
+    parse_text,
+)
+
+if TYPE_CHECKING:
+    from harness.plugin.target import RunWorkload, TargetUnderTest
+    from harness.run.canary_factory import CanaryFactory
+    from tenants.tenant import Tenant
+
+GROUP = "kvcanary"
+DEST_PREFIX = INI_PREFIX = "kvcanary_"
+MARKER = "kvcanary"
+SUITE_MODULE = "harness.plugin.suite"
+SUITE_NODEID = "kvcanary"
+NO_TARGET = (
+    "kvcanary: no target configured; pass --kvcanary-target=URL or "
+    "--kvcanary-engine=vulnerable|hardened (or set kvcanary_target in the ini file)"
+)
+_EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
+
+_TARGET_OPTION = dataclasses.replace(
+    OPTIONS_BY_NAME["target"],
+    help="Base URL of an OpenAI-compatible deployment to test.",
+)
+_ENGINE_OPTION = dataclasses.replace(
+    OPTIONS_BY_NAME["engine_preset"],
+    name="engine",
+    default=None,
+    help="Start the bundled reference engine with this preset for the session and test it "
+    "(instead of --kvcanary-target): a project's own engine patches can be tested this way.",
+)
+_SUITE_OPTION = Option(
+    "suite",
+    parse_text,
+    False,
+    "Add kvcanary's built-in check suite (the incident checklist, 9 test items).",
+    action="flag",
+)
+PLUGIN_OPTIONS: tuple[Option, ...] = (
+    _TARGET_OPTION,
+    _ENGINE_OPTION,
+    *(o for o in options_for("plugin") if o.name not in ("target", "engine_preset")),
+    OPTIONS_BY_NAME["out"],
+    OPTIONS_BY_NAME["config"],
+    _SUITE_OPTION,
+)
+"""The shared run options, less the CLI's engine-preset spelling, plus the plugin's own."""
+
+_TARGET_KEY = pytest.StashKey["TargetUnderTest"]()
+_GIVEN_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+class _OptionGroup:
+    """`add_to_parser` speaks argparse; pytest's group takes the same arguments as `addoption`.
+
+    Destinations get the `kvcanary_` prefix so that `timeout` or `target` never collide with
+    another plugin's options (pytest-timeout has a `timeout`).
+    """
+
+    def __init__(self, group: pytest.OptionGroup) -> None:
+        self._group = group
+
+    def add_argument(self, *flags: str, dest: str, **kwargs: Any) -> None:
+        self._group.addoption(*flags, dest=DEST_PREFIX + dest, **kwargs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup(GROUP, "kvcanary: cross-tenant KV-cache leak checks")
+    add_to_parser(
+        cast(argparse._ArgumentGroup, _OptionGroup(group)), PLUGIN_OPTIONS, prefix=PLUGIN_PREFIX
+    )
+    for option in PLUGIN_OPTIONS:
+        kind = {"flag": "bool", "append": "args"}.get(option.action, "string")
+        parser.addini(
+            INI_PREFIX + option.name,
+            f"{option.help} (as {option.plugin_flag})",
+            type=kind,  # type: ignore[arg-type]
+            default=None,
+        )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}: the test drives the kvcanary target; skipped when no --kvcanary-target or "
+        "--kvcanary-engine is configured",
+    )
+    given = _given(config)
+    config.stash[_GIVEN_KEY] = given
+    if given:  # settle every setting now, so a bad one is a usage error before any test
+        _target(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    target = config.stash.get(_TARGET_KEY, None)
+    if target is not None:
+        target.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """With --kvcanary-suite, add the check suite's items (before -k / -m deselect any)."""
+    if not _given_settings(config).get("suite"):
+        return
+    spec = find_spec(SUITE_MODULE)
+    assert spec is not None, SUITE_MODULE
+    assert spec.origin is not None, SUITE_MODULE
+    path = Path(spec.origin)
+    if any(item.path == path for item in items):  # collected explicitly as well
+        return
+    module = pytest.Module.from_parent(session, path=path, nodeid=SUITE_NODEID)
+    items.extend(session.genitems(module))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker(MARKER) is not None and not _target(item.config).configured:
+        pytest.skip(NO_TARGET)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    target = config.stash.get(_TARGET_KEY, None)
+    if target is None or not (target.runs or target.audits or target.checks):
+        return
+    from harness.plugin.target import session_summary
+
+    terminalreporter.section("kvcanary")
+    for line in session_summary(target):
+        terminalreporter.write_line(line)
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kvcanary_target(pytestconfig: pytest.Config) -> Iterator[TargetUnderTest]:
+    """The target under test: the remote URL, or the bundled engine, started for the session.
+
+    Skips the test (with the reason) when neither --kvcanary-target nor --kvcanary-engine is
+    given; fails it with one line when the engine cannot start.
+    """
+    from canaries.errors import KvcanaryError
+
+    target = _target(pytestconfig)
+    if not target.configured:
+        pytest.skip(NO_TARGET)
+    try:
+        target.start()
+    except KvcanaryError as exc:
+        pytest.fail(f"kvcanary: {exc}", pytrace=False)
+    yield target
+    target.close()
+
+
+@pytest.fixture(scope="session")
+def kvcanary_tenants(pytestconfig: pytest.Config) -> list[Tenant]:
+    """The simulated tenants (`tenant-0` ...), --kvcanary-tenants of them, sharing one key."""
+    from tenants.tenant import default_tenants
+
+    config = _target(pytestconfig).config
+    return default_tenants(config.tenants, config.api_key_env)
+
+
+@pytest.fixture(scope="session")
+def kvcanary_canaries(pytestconfig: pytest.Config, kvcanary_tenants: list[Tenant]) -> CanaryFactory:
+    """Builds canary-laced prompts of exact token counts and finds their canaries again."""
+    from canaries.errors import ConfigError
+    from harness.run.canary_factory import CanaryFactory
+
+    config = _target(pytestconfig).config
+    try:
+        return CanaryFactory.create(
+            kvcanary_tenants,
+            tokenizer=config.tokenizer,
+            seed=config.seed,
+            page_size=config.page_size,
+        )
+    except ConfigError as exc:
+        pytest.fail(f"kvcanary: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def kvcanary_run(kvcanary_target: TargetUnderTest, request: pytest.FixtureRequest) -> RunWorkload:
+    """`kvcanary_run(requests=40, profile="below", ...)` runs a workload against the target
+    and returns its `WorkloadResult` (`.findings`, `.observations`, `.summary`, `.verdict`,
+    `.out_dir`). Each call writes its own directory under --kvcanary-out."""
+    from canaries.errors import KvcanaryError
+    from harness.plugin.target import WorkloadResult
+
+    def run(**overrides: Any) -> WorkloadResult:
+        try:
+            return kvcanary_target.run(request.node.name, **overrides)
+        except KvcanaryError as exc:
+            pytest.fail(f"kvcanary: {exc}", pytrace=False)
+
+    return run
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def _given(config: pytest.Config) -> dict[str, Any]:
+    """The plugin settings given on the command line, over those in the ini file."""
+    values: dict[str, Any] = {}
+    for option in PLUGIN_OPTIONS:
+        raw = config.getini(INI_PREFIX + option.name)
+        if raw is None or raw == [] or raw == "":
+            continue
+        try:
+            values[option.name] = option.coerce(raw)
+        except ValueError as exc:
+            raise pytest.UsageError(f"kvcanary: ini {INI_PREFIX}{option.name}: {exc}") from None
+    for option in PLUGIN_OPTIONS:
+        value = config.getoption(DEST_PREFIX + option.name)
+        if value is None:
+            continue
+        for pair in _EXCLUSIVE:
+            if option.name in pair:
+                for other in pair:
+                    values.pop(other, None)
+        values[option.name] = tuple(value) if option.action == "append" else value
+    return values
+
+
+def _given_settings(config: pytest.Config) -> dict[str, Any]:
+    """A copy of the settings `pytest_configure` read (none before it ran)."""
+    if _GIVEN_KEY not in config.stash:
+        return {}
+    given: dict[str, Any] = config.stash[_GIVEN_KEY]
+    return dict(given)
+
+
+def _target(config: pytest.Config) -> TargetUnderTest:
+    """The session's target, made from the settings on first need (kept in `config.stash`)."""
+    target = config.stash.get(_TARGET_KEY, None)
+    if target is not None:
+        return target
+    from canaries.errors import ConfigError
+    from harness.plugin.target import TargetUnderTest
+    from harness.run.config import resolve
+
+    given = _given_settings(config)
+    engine, fixes = given.pop("engine", None), given.pop("engine_fix", ())
+    out = given.get("out")
+    try:
+        run_config = resolve("run", given, given.get("config"))
+        target = TargetUnderTest(
+            run_config,
+            engine=engine,
+            engine_fixes=fixes,
+            out_root=Path(out) if out is not None else None,
+        )
+    except ConfigError as exc:
+        raise pytest.UsageError(f"kvcanary: {exc}") from None
+    config.stash[_TARGET_KEY] = target
+    return target

@@ -1,0 +1,116 @@
+"""kvcanary's built-in check suite as pytest tests: the incident checklist, one item per check.
+
+`pytest --kvcanary-suite` adds this module under the node id `kvcanary` (see
+`harness.plugin.pytest_plugin`); the items are ordinary test functions, so `-k`, `-x`, `--junitxml`
+and reruns apply. Every item is marked `kvcanary`, so without a target they skip with the
+reason. What each check runs and how it decides is `harness.plugin.checks`; the evidence (two runs
+and an audit) is made once per session by `harness.plugin.target.SuiteEvidence` and
+shared by every check that reads it.
+
+A failure reads as the check, the reason, and the findings (kind, who leaked to whom, the
+request, a redacted excerpt, the summary) with the report's path; never a Python traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from canaries.errors import KvcanaryError
+from harness.plugin.checklist import CHECKS_BY_NAME, Check
+from harness.plugin.checks import CheckOutcome
+from harness.plugin.results import describe
+from harness.plugin.target import SuiteEvidence, TargetUnderTest
+
+pytestmark = pytest.mark.kvcanary
+
+
+@pytest.fixture(scope="session")
+def kvcanary_suite(kvcanary_target: TargetUnderTest) -> SuiteEvidence:
+    """The suite's runs and audit, made on first need and shared by the checks."""
+    return SuiteEvidence(kvcanary_target)
+
+
+@pytest.fixture
+def kvcanary_check(
+    kvcanary_suite: SuiteEvidence, record_property: Callable[[str, object], None]
+) -> Callable[[str], None]:
+    """Decide one check by name; fail with its findings, or skip with its reason.
+
+    The reason also goes into the JUnit XML as the test case's `kvcanary_reason` property,
+    so a passing check says there what it saw.
+    """
+
+    def decide(name: str) -> None:
+        check = CHECKS_BY_NAME[name]
+        try:
+            evidence = kvcanary_suite.get(check.evidence)
+        except KvcanaryError as exc:
+            pytest.fail(f"kvcanary check {check.number} could not run: {exc}", pytrace=False)
+        outcome = check(evidence)
+        kvcanary_suite.target.checks.append((check, outcome))
+        record_property("kvcanary_reason", outcome.reason)
+        report(check, outcome)
+
+    return decide
+
+
+def report(check: Check, outcome: CheckOutcome) -> None:
+    """A failed check fails the test with its description; a skipped one skips it."""
+    if outcome.status == "skipped":
+        pytest.skip(f"kvcanary check {check.number}: {outcome.reason}")
+    if outcome.status == "failed":
+        pytest.fail(describe(check, outcome), pytrace=False)
+
+
+def test_1_over_pool_prompts_are_rejected(kvcanary_check: Callable[[str], None]) -> None:
+    """Prompts at or above the KV pool get an error status, never an answer."""
+    kvcanary_check("over_pool_rejected")
+
+
+def test_2_over_context_prompts_are_rejected(kvcanary_check: Callable[[str], None]) -> None:
+    """Prompts at or above the advertised context get an error status."""
+    kvcanary_check("over_context_rejected")
+
+
+def test_3_no_leak_at_or_above_the_limits(kvcanary_check: Callable[[str], None]) -> None:
+    """No response to an at-or-above-limit prompt quotes another tenant's canary."""
+    kvcanary_check("no_leak_at_or_above_limits")
+
+
+def test_4_no_leak_below_the_limits_under_load(kvcanary_check: Callable[[str], None]) -> None:
+    """No response below the limits, with several requests in flight, quotes another tenant."""
+    kvcanary_check("no_leak_below_limits")
+
+
+def test_5_usage_matches_the_prompt_sent(kvcanary_check: Callable[[str], None]) -> None:
+    """`usage.prompt_tokens` equals the tokens sent, at every size answered."""
+    kvcanary_check("usage_matches")
+
+
+def test_6_ttft_shows_a_real_prefill(kvcanary_check: Callable[[str], None]) -> None:
+    """No answer comes faster than a real prefill of its prompt allows."""
+    kvcanary_check("real_prefill")
+
+
+def test_7_disconnects_do_not_leak_later(kvcanary_check: Callable[[str], None]) -> None:
+    """A client that hangs up mid-stream does not leave its canaries in later answers."""
+    kvcanary_check("no_leak_after_disconnect")
+
+
+def test_8_kv_pool_holds_the_context(kvcanary_check: Callable[[str], None]) -> None:
+    """Every side's KV pool holds the context length the target advertises."""
+    kvcanary_check("pool_holds_context")
+
+
+def test_9_no_tenant_is_served_from_anothers_prefix_cache(
+    kvcanary_check: Callable[[str], None], kvcanary_target: TargetUnderTest
+) -> None:
+    """The cross-tenant prefix-cache timing probe finds no shared cache (opt-in)."""
+    if not kvcanary_target.config.cache_probe:
+        pytest.skip(
+            "kvcanary check 9: the prefix-cache timing probe is opt-in (a few hundred "
+            "requests): pass --kvcanary-cache-probe"
+        )
+    kvcanary_check("no_shared_prefix_cache")

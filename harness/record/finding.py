@@ -1,0 +1,71 @@
+"""The finding vocabulary shared by detectors, the journal, reports and the pytest plugin.
+
+A finding is one reason to believe a target is unsafe. Its kind is drawn from the fixed
+vocabulary in DESIGN.md; everything a human needs to act on it travels with it. Excerpts of
+responses are redacted by the detector that creates the finding, never later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class FindingKind(StrEnum):
+    """What kind of unsafe behaviour a finding reports."""
+
+    CROSS_TENANT_CANARY = "cross_tenant_canary"
+    CROSS_REQUEST_CANARY = "cross_request_canary"
+    UNKNOWN_CANARY = "unknown_canary"
+    UNSAFE_ACCEPT = "unsafe_accept"
+    FAST_PREFILL = "fast_prefill"
+    PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
+    SHARED_PREFIX_CACHE = "shared_prefix_cache"
+    POOL_SMALLER_THAN_CONTEXT = "pool_smaller_than_context"
+
+    @property
+    def severity(self) -> Severity:
+        """The one severity of this kind, wherever a detector or the audit reports it."""
+        return SEVERITY_BY_KIND[self]
+
+
+class Severity(StrEnum):
+    """How urgently a human should look."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+SEVERITY_BY_KIND: dict[FindingKind, Severity] = {
+    FindingKind.CROSS_TENANT_CANARY: Severity.CRITICAL,
+    FindingKind.CROSS_REQUEST_CANARY: Severity.HIGH,
+    FindingKind.UNKNOWN_CANARY: Severity.MEDIUM,
+    FindingKind.UNSAFE_ACCEPT: Severity.CRITICAL,
+    FindingKind.FAST_PREFILL: Severity.HIGH,
+    FindingKind.PROMPT_TOKENS_MISMATCH: Severity.HIGH,
+    FindingKind.SHARED_PREFIX_CACHE: Severity.HIGH,
+    FindingKind.POOL_SMALLER_THAN_CONTEXT: Severity.HIGH,
+}
+"""Defined next to the kinds: a kind has one severity, whichever detector finds it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One detected problem, with the evidence a person needs to understand it."""
+
+    kind: FindingKind
+    severity: Severity
+    detector: str
+    request_id: str | None
+    tenant: str | None
+    summary: str
+    """One sentence a person on call can read: who, what, why the detector fired."""
+    victim_tenant: str | None = None
+    victim_request_id: str | None = None
+    marker: str | None = None
+    offsets: tuple[int, int] | None = None
+    excerpt: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,114 @@
+"""A run's output directory, and who the run in it is: fresh, or a soak being resumed.
+
+`prepare_run_dir` picks the directory (`--out`, default `./kvcanary-runs/<UTC timestamp>`)
+and returns the run's identity: its id, its seed, and where request numbering starts. A
+directory that already holds a journal is refused by `run` and resumed by `soak`: the run id
+and seed are taken from its first `run_started`, numbering continues after the highest
+request number journaled, and a journal of another target or seed is refused without
+`--force`.
+
+It reads journals but never writes them, and knows nothing about targets or engines beyond
+how the settings name them.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import secrets
+import warnings
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from canaries.errors import ConfigError
+from harness.record.events import PlanRecorded, RunStarted
+from harness.record.journal import JournalWarning, journal_segments, read_journal
+from harness.run.config import RunConfig
+
+RUNS_DIR = "kvcanary-runs"
+
+
+@dataclass(frozen=True, slots=True)
+class RunIdentity:
+    """Who this session's run is."""
+
+    run_id: str
+    seed: int
+    num_previous_requests: int
+    """Requests journaled by earlier sessions of the same run (0 for a fresh run)."""
+    next_request: int
+    """The first request number this session plans (numbering continues on resume)."""
+    resumed: bool
+
+
+def default_out_dir(now: datetime | None = None) -> Path:
+    """`./kvcanary-runs/<UTC timestamp>`, made unique if two runs start in one second."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(RUNS_DIR) / stamp
+    suffix = 1
+    while path.exists():
+        path = Path(RUNS_DIR) / f"{stamp}-{suffix}"
+        suffix += 1
+    return path
+
+
+def prepare_run_dir(config: RunConfig) -> tuple[Path, RunIdentity]:
+    """The output directory and the identity of the run to write.
+
+    A new directory is not created here: the journal writer creates it (mode 0700) when the
+    run starts, so a run that never starts (a typo in --target) leaves nothing behind.
+    """
+    out_dir = Path(config.out) if config.out is not None else default_out_dir()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} exists and is not a directory")
+    if out_dir.is_dir() and journal_segments(out_dir):
+        if config.command != "soak":
+            raise ConfigError(
+                f"--out {out_dir} already holds a run; choose another directory "
+                f"(a soak can be resumed with `kvcanary soak --out {out_dir}`)"
+            )
+        return out_dir, _resume(out_dir, config)
+    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
+    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
+    return out_dir, RunIdentity(run_id, seed, 0, 0, resumed=False)
+
+
+def target_key(settings: dict[str, Any]) -> str:
+    """What a resumed soak must match: the target URL, or the bundled engine and its fixes."""
+    if settings.get("target"):
+        return str(settings["target"])
+    fixes = "+".join(settings.get("engine_fix") or ())
+    return f"bundled engine {settings.get('engine_preset')}" + (f" ({fixes})" if fixes else "")
+
+
+def _resume(out_dir: Path, config: RunConfig) -> RunIdentity:
+    started: RunStarted | None = None
+    num_plans = next_request = 0
+    with warnings.catch_warnings():
+        # a torn last line is what a killed soak leaves behind: expected here
+        warnings.simplefilter("ignore", JournalWarning)
+        for event in read_journal(out_dir):
+            if isinstance(event, RunStarted):
+                started = started or event
+            elif isinstance(event, PlanRecorded):
+                num_plans += 1
+                number = re.search(r"(\d+)$", event.plan.request_id)
+                if number is not None:
+                    next_request = max(next_request, int(number.group(1)) + 1)
+    if started is None:
+        raise ConfigError(f"--out {out_dir}: its journal has no run_started record to resume")
+    mismatches = []
+    recorded = target_key(started.settings)
+    if recorded != target_key(config.to_record()):
+        mismatches.append(f"target {recorded}")
+    if config.seed is not None and config.seed != started.seed:
+        mismatches.append(f"seed {started.seed}")
+    if mismatches and not config.force:
+        raise ConfigError(
+            f"--out {out_dir} holds a run with {' and '.join(mismatches)}; use another --out, "
+            "or --force to continue it anyway"
+        )
+    seed = config.seed if config.seed is not None else started.seed
+    return RunIdentity(started.run_id, seed, num_plans, max(next_request, num_plans), resumed=True)

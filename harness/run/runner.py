@@ -1,0 +1,376 @@
+"""The runner: sends planned requests in phases, feeds the detectors, journals everything.
+
+A run is a sequence of phases over a budget (a request count or a duration):
+
+    fill    victims only: canary-laced prompts a safe target accepts fill its KV pool
+    probe   probes at and above the pool and context limits, interleaved with continuing
+            victim traffic so that stale pages always hold fresh canaries
+    abort   abort plans (the client drops the connection mid-stream) mixed with victims and
+            probes, which exercises the release path while pages are still being written
+
+Within a phase, intents are interleaved by smooth weighted round robin, so a 3:1 mix sends
+`victim victim probe victim ...` rather than bursts. Requests start either from `N`
+closed-loop workers or at Poisson arrival times on an absolute clock (`harness.run.arrivals`).
+
+For every request, in this order: its canaries join the live index with their owner; the
+plan is journaled (before anything is sent, so a killed run loses at most what was in
+flight); each streamed chunk goes to the content detector, whose findings are journaled as
+they appear; the observation is journaled with its text redacted to the canary spans (unless
+raw evidence was asked for); then the protocol and timing detectors' findings.
+
+`stop()` (the first Ctrl-C) stops sending and gives requests in flight `grace_s` to finish
+before cancelling them; `cancel()` (the second) cancels them at once. Either way the run ends
+with `run_finished` (reason `interrupted`); cancelled requests are journaled as observations
+with `error_kind="cancelled"`.
+
+It deliberately does not build plans, talk HTTP, render reports or print: those are the
+planner, the target client, `reports` and `harness.run.progress`, wired by `harness.run.session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from canaries import Owner, redact
+from harness.record.events import (
+    Event,
+    FindingRecorded,
+    ObservationRecorded,
+    PhaseStarted,
+    PlanRecorded,
+    RunFinished,
+    TimingFitted,
+)
+from harness.record.finding import Finding
+from harness.record.observation import Observation
+from harness.record.ttft_model import TtftModel
+from harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
+from harness.run.seams import (
+    CanaryRegistry,
+    ContentScanner,
+    Detectors,
+    PlanChecker,
+    ResponseScan,
+    Sender,
+    TimingChecker,
+)
+from harness.run.phases import Budget, Phase, Workload, default_phases
+from tenants.plan import RequestPlan
+from tenants.tenant import Tenant
+
+DEFAULT_GRACE_S = 5.0
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    """How a run ended and what it saw (the report has the full story)."""
+
+    reason: str
+    num_requests: int
+    num_observations: int
+    errors: Counter[str] = field(default_factory=Counter)
+    """Observations by `error_kind` (rejections are `http_status`)."""
+    findings: Counter[str] = field(default_factory=Counter)
+
+
+class Runner:
+    """Runs one workload against one target; see the module docstring for the order of events."""
+
+    def __init__(
+        self,
+        *,
+        sender: Sender,
+        tenants: Mapping[str, Tenant],
+        workload: Workload,
+        index: CanaryRegistry,
+        detectors: Detectors,
+        emit: Callable[[Event], None],
+        pacing: Pacing,
+        budget: Budget,
+        keep_raw_evidence: bool = False,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Clock | None = None,
+        num_previous_requests: int = 0,
+    ) -> None:
+        self._sender = sender
+        self._tenants = dict(tenants)
+        self._workload = workload
+        self._index = index
+        self._detectors = detectors
+        self._journaled_model: TtftModel | None = None
+        self._emit_event = emit
+        self._pacing = pacing
+        self._budget = budget
+        self._keep_raw_evidence = keep_raw_evidence
+        self._grace_s = grace_s
+        self._clock = clock or MonotonicClock()
+        self._num_previous_requests = num_previous_requests
+        self._stopping = asyncio.Event()
+        self._interrupted = False
+        self._busy: set[asyncio.Task[None]] = set()
+        self._live: deque[tuple[str, ...]] = deque()
+        """Canary texts per plan in the index, oldest first."""
+        self._grace: asyncio.TimerHandle | None = None
+        self._phase: Phase | None = None
+        self._num_taken = 0
+        self._plan_lock = asyncio.Lock()
+        self._t0_ns = 0
+        self.outcome = RunOutcome("running", 0, 0)
+
+    # -- control ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop sending; requests in flight get `grace_s` to finish, then are cancelled."""
+        self._interrupted = True
+        self._stopping.set()
+        if self._grace is None:
+            self._grace = asyncio.get_running_loop().call_later(self._grace_s, self.cancel)
+
+    def cancel(self) -> None:
+        """Stop sending and cancel every request in flight now."""
+        self._interrupted = True
+        self._stopping.set()
+        for task in list(self._busy):
+            task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    # -- the run ------------------------------------------------------------------------
+
+    async def run(self) -> RunOutcome:
+        """Send the workload until the budget is spent or `stop()`; returns how it ended."""
+        self._t0_ns = self._clock.now_ns()
+        message: str | None = None
+        reason = "error"
+        try:
+            async with asyncio.TaskGroup() as group:
+                if isinstance(self._pacing, ClosedLoop):
+                    for _ in range(self._pacing.concurrency):
+                        self._track(group.create_task(self._closed_loop_worker()))
+                else:
+                    group.create_task(self._open_loop_dispatcher(self._pacing, group))
+            if self._interrupted:
+                reason = "interrupted"
+            else:
+                reason = "duration" if self._budget.duration_s is not None else "completed"
+        except asyncio.CancelledError:
+            reason, message = "interrupted", "the run was cancelled"
+            raise
+        except BaseExceptionGroup as group:
+            # One request's failure ends the run; the caller sees that failure itself (a
+            # ConfigError stays a one-line usage error), not the task group around it.
+            first = _first_leaf(group)
+            message = f"{type(first).__name__}: {first}"
+            raise first from None
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if self._grace is not None:
+                self._grace.cancel()
+            if reason != "error":
+                for finding in self._detectors.timing.finish():
+                    self._emit_finding(finding)
+                self._record_timing_model(final=True)
+            self.outcome.reason = reason
+            self._emit(
+                RunFinished(
+                    reason=reason,
+                    t_wall=time.time(),
+                    num_requests=self._num_previous_requests + self.outcome.num_requests,
+                    message=message,
+                )
+            )
+        return self.outcome
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._busy.add(task)
+        task.add_done_callback(self._busy.discard)
+
+    async def _closed_loop_worker(self) -> None:
+        while (plan := await self._take()) is not None:
+            await self._execute(plan, self._clock.now_ns())
+
+    async def _open_loop_dispatcher(
+        self, pacing: PoissonArrivals, group: asyncio.TaskGroup
+    ) -> None:
+        slots = asyncio.Semaphore(pacing.max_in_flight)
+        for t_arrival_ns in pacing.times(self._t0_ns):
+            # The plan is built before its arrival time so building it does not add slip.
+            plan = await self._take(t_arrival_ns)
+            if plan is None or not await self._wait_until(t_arrival_ns):
+                return
+            await slots.acquire()
+            if self._stopping.is_set():
+                return
+            self._track(group.create_task(self._execute_and_release(plan, t_arrival_ns, slots)))
+
+    async def _execute_and_release(
+        self, plan: RequestPlan, t_scheduled_ns: int, slots: asyncio.Semaphore
+    ) -> None:
+        try:
+            await self._execute(plan, t_scheduled_ns)
+        finally:
+            slots.release()
+
+    async def _wait_until(self, t_ns: int) -> bool:
+        """Sleep until `t_ns` on the run's clock; False if the run was stopped meanwhile."""
+        if self._stopping.is_set():
+            return False
+        sleeper = asyncio.ensure_future(self._clock.sleep_until(t_ns))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((sleeper, stopper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            stopper.cancel()
+        return not self._stopping.is_set()
+
+    async def _take(self, t_ns: int | None = None) -> RequestPlan | None:
+        """The next plan to send at `t_ns` (default: now), or None when spent or stopped.
+
+        Plans are built one at a time in a worker thread: building a long prompt is CPU
+        work that would otherwise stall every stream in flight (and skew their timestamps),
+        and a tokenizer may be a server reached through this loop.
+        """
+        async with self._plan_lock:
+            if self._stopping.is_set():
+                return None
+            fraction = self._position(self._clock.now_ns() if t_ns is None else t_ns)
+            if fraction is None:
+                return None
+            phase = self._workload.phase_at(fraction)
+            if phase is not self._phase:
+                self._phase = phase
+                self._emit(PhaseStarted(phase.name, t_wall=time.time()))
+            plan = await asyncio.to_thread(self._workload.next_plan, phase)
+            if plan is not None:
+                self._num_taken += 1
+            return plan
+
+    def _position(self, t_ns: int) -> float | None:
+        budget = self._budget
+        if budget.num_requests is not None:
+            if self._num_taken >= budget.num_requests:
+                return None
+            return self._num_taken / budget.num_requests
+        assert budget.duration_s is not None
+        elapsed_s = (t_ns - self._t0_ns) / 1e9
+        if elapsed_s >= budget.duration_s:
+            return None
+        cycle_s = min(budget.cycle_s or budget.duration_s, budget.duration_s)
+        return (elapsed_s % cycle_s) / cycle_s
+
+    async def _execute(self, plan: RequestPlan, t_scheduled_ns: int) -> None:
+        tenant = self._tenants[plan.tenant]
+        self._register(plan)
+        self._emit(PlanRecorded(plan))
+        scan = self._detectors.content.start(plan)
+
+        def on_text(chunk: str) -> None:
+            for finding in scan.feed(chunk):
+                self._emit_finding(finding)
+
+        try:
+            obs = await self._sender.send(
+                plan, tenant, t_scheduled_ns=t_scheduled_ns, on_text=on_text
+            )
+        except asyncio.CancelledError:
+            self._observe(plan, scan, self._cancelled(plan, t_scheduled_ns))
+            raise
+        self._observe(plan, scan, obs)
+
+    def _register(self, plan: RequestPlan) -> None:
+        """Add the plan's canaries to the live index, forgetting the oldest plans' if full.
+
+        A forgotten canary is still attributed through the run key when it is found whole;
+        only its fragments go undetected, and only for plans thousands of requests old.
+        """
+        texts = tuple(canary.text for canary in plan.canaries)
+        while self._live and len(self._index) + len(texts) > self._index.max_live:
+            for text in self._live.popleft():
+                self._index.discard(text)
+        owner = Owner(plan.tenant, plan.request_id)
+        self._index.add_many((text, owner) for text in texts)
+        self._live.append(texts)
+
+    def _observe(self, plan: RequestPlan, scan: ResponseScan, obs: Observation) -> None:
+        findings = [
+            *scan.finish(obs),
+            *self._detectors.protocol.check(plan, obs),
+            *self._detectors.timing.observe(plan, obs),
+        ]
+        if obs.text and not self._keep_raw_evidence:
+            obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)
+        self._emit(ObservationRecorded(obs))
+        for finding in findings:
+            self._emit_finding(finding)
+        self._record_timing_model()
+
+    def _record_timing_model(self, *, final: bool = False) -> None:
+        """Journal the timing detector's model whenever it changes (it refits at a growing
+        sample count, so a long run writes O(log n) of these), and once more at the end."""
+        model = self._detectors.timing.model
+        if model is self._journaled_model and not final:
+            return
+        self._journaled_model = model
+        fitted = model.to_dict() if model is not None else None
+        self._emit(TimingFitted(fitted, t_wall=time.time(), final=final))
+
+    def _cancelled(self, plan: RequestPlan, t_scheduled_ns: int) -> Observation:
+        return Observation(
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            status=None,
+            t_wall=time.time(),
+            t_scheduled_ns=t_scheduled_ns,
+            t_sent_ns=t_scheduled_ns,
+            t_done_ns=self._clock.now_ns(),
+            error_kind="cancelled",
+            error="interrupted before the response finished",
+        )
+
+    def _emit_finding(self, finding: Finding) -> None:
+        self._emit(FindingRecorded(finding, t_wall=time.time()))
+
+    def _emit(self, event: Event) -> None:
+        outcome = self.outcome
+        if isinstance(event, PlanRecorded):
+            outcome.num_requests += 1
+        elif isinstance(event, ObservationRecorded):
+            outcome.num_observations += 1
+            if event.observation.error_kind is not None:
+                outcome.errors[event.observation.error_kind] += 1
+        elif isinstance(event, FindingRecorded):
+            outcome.findings[str(event.finding.kind)] += 1
+        self._emit_event(event)
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "Budget",
+    "CanaryRegistry",
+    "ContentScanner",
+    "Detectors",
+    "Phase",
+    "PlanChecker",
+    "ResponseScan",
+    "RunOutcome",
+    "Runner",
+    "Sender",
+    "TimingChecker",
+    "Workload",
+    "default_phases",
+]

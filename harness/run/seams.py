@@ -1,0 +1,82 @@
+"""The runner's seams: what it needs from a sender, the detectors and the live canary index.
+
+The runner talks to these through small protocols so that tests (and the cache probe, and
+repro steps) can pass their own: a recorded target for the sender, a detector that defers
+its end-of-run pass. The real ones are `harness.target.client.TargetClient`,
+`harness.detectors.*` and `canaries.CanaryIndex`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from canaries import Hit, Owner
+from harness.record.finding import Finding
+from harness.record.observation import Observation
+from harness.record.ttft_model import TtftModel
+from tenants.plan import RequestPlan
+from tenants.tenant import Tenant
+
+
+class Sender(Protocol):
+    """Sends one plan and reports what was seen (`harness.target.client.TargetClient`)."""
+
+    async def send(
+        self,
+        plan: RequestPlan,
+        tenant: Tenant,
+        *,
+        t_scheduled_ns: int,
+        on_text: Callable[[str], None],
+    ) -> Observation: ...
+
+
+class ResponseScan(Protocol):
+    """The content detector's state for one response."""
+
+    @property
+    def hits(self) -> Sequence[Hit]: ...
+
+    def feed(self, chunk: str) -> list[Finding]: ...
+
+    def finish(self, obs: Observation) -> list[Finding]: ...
+
+
+class ContentScanner(Protocol):
+    def start(self, plan: RequestPlan) -> ResponseScan: ...
+
+
+class PlanChecker(Protocol):
+    def check(self, plan: RequestPlan, obs: Observation) -> list[Finding]: ...
+
+
+class TimingChecker(Protocol):
+    def observe(self, plan: RequestPlan, obs: Observation) -> list[Finding]: ...
+
+    def finish(self) -> list[Finding]: ...
+
+    @property
+    def model(self) -> TtftModel | None: ...
+
+
+class CanaryRegistry(Protocol):
+    """The live canary index (`canaries.CanaryIndex`)."""
+
+    max_live: int
+
+    def __len__(self) -> int: ...
+
+    def add_many(self, items: Iterable[tuple[str, Owner]]) -> None: ...
+
+    def discard(self, canary: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Detectors:
+    """The three detectors every observation passes through."""
+
+    content: ContentScanner
+    protocol: PlanChecker
+    timing: TimingChecker

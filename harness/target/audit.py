@@ -1,0 +1,272 @@
+"""The audit: can each side's KV pool hold the context the deployment advertises?
+
+A pool smaller than the advertised context is the incident's precondition: clients are told
+prompts up to the context length are fine, one side cannot hold them, and what happens next
+depends on every admission check along the way being right. For each side the audit reports
+pool tokens, context tokens, their ratio and a verdict (`ok`, `pool_smaller_than_context`,
+`unknown`); each `pool_smaller_than_context` side is a `Finding`. A pool that could not be
+read is `unknown` with the list of what was tried, never a pass.
+
+The optional probe confirms behaviour instead of configuration: one prompt just above the
+smaller of the smallest pool and the context, sent to `/v1/completions` with `max_tokens=1`,
+must be refused (400, 413 or 422). A success status is an `unsafe_accept` finding; any other
+answer (404, 401, 429, 5xx, a timeout) leaves the probe inconclusive.
+
+What it deliberately does not do: read the figures (`harness.target.server_info`), print anything
+(`harness.commands.audit`), or look inside a response's text; an accepted probe's content
+may be another customer's data and is not kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import httpx
+
+from canaries.errors import ConfigError
+from harness.record.finding import Finding, FindingKind
+from harness.record.verdict import Verdict
+from harness.target.limits import DEFAULT_PAGE_SIZE
+from harness.target.over_limit_probe import (
+    ProbeOutcome,
+    ProbeResult,
+    accept_finding,
+    probe_over_limit,
+    probe_record,
+)
+from harness.target.server_info import (
+    Attempt,
+    EngineFacts,
+    SideFacts,
+    read_deployment_facts,
+)
+from harness.target.urls import redact_url
+
+
+class SideVerdict(StrEnum):
+    """What the audit concluded about one side."""
+
+    OK = "ok"
+    POOL_SMALLER_THAN_CONTEXT = "pool_smaller_than_context"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class SideAudit:
+    """One side's figures and the verdict on them."""
+
+    side: SideFacts
+    verdict: SideVerdict
+    ratio: float | None
+    """pool tokens / context tokens; below 1.0 the pool cannot hold one full-context prompt."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditResult:
+    """Everything an audit found, in the form the CLI prints and `--json` emits."""
+
+    facts: EngineFacts
+    sides: tuple[SideAudit, ...]
+    findings: tuple[Finding, ...]
+    probe: ProbeResult | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        """`unsafe` on any finding; `inconclusive` when any figure or the probe is unknown."""
+        if self.findings:
+            return Verdict.UNSAFE
+        unknown = not self.sides or any(s.verdict is SideVerdict.UNKNOWN for s in self.sides)
+        unconfirmed = self.probe is not None and self.probe.outcome in (
+            ProbeOutcome.INCONCLUSIVE,
+            ProbeOutcome.SKIPPED,
+        )
+        return Verdict.INCONCLUSIVE if unknown or unconfirmed else Verdict.CLEAN
+
+    @property
+    def exit_status(self) -> int:
+        """0 clean, 1 findings, 3 inconclusive ("unknown" is not "clean")."""
+        return self.verdict.exit_status
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary; URLs are shown without any credentials they carried."""
+        return {
+            "verdict": str(self.verdict),
+            "exit_status": self.exit_status,
+            "target": redact_url(self.facts.base_url),
+            "engine": self.facts.engine,
+            "model": self.facts.model,
+            "context_tokens": self.facts.context_tokens,
+            "context_source": self.facts.context_source,
+            "sides": [_side_record(s) for s in self.sides],
+            "findings": [_finding_record(f) for f in self.findings],
+            "probe": probe_record(self.probe) if self.probe else None,
+            "attempts": [_attempt_record(a) for a in self.facts.attempts],
+        }
+
+
+def audit_facts(facts: EngineFacts) -> AuditResult:
+    """Compare each side's pool with the advertised context (no requests are made)."""
+    sides = tuple(_audit_side(side, facts) for side in facts.sides)
+    findings = tuple(
+        _pool_finding(a, facts) for a in sides if a.verdict is SideVerdict.POOL_SMALLER_THAN_CONTEXT
+    )
+    return AuditResult(facts=facts, sides=sides, findings=findings)
+
+
+async def run_audit(
+    client: httpx.AsyncClient,
+    *,
+    target: str | None,
+    prefill_urls: Sequence[str] = (),
+    decode_urls: Sequence[str] = (),
+    probe: bool = False,
+    model: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> AuditResult:
+    """Read the deployment's facts, compare, and (with `probe`) confirm against the target."""
+    if not (target or prefill_urls or decode_urls):
+        raise ConfigError("audit needs --target URL, or --prefill URL / --decode URL")
+    if probe and not target:
+        raise ConfigError("--probe sends a request through the target; pass --target URL")
+    facts = await read_deployment_facts(
+        client, target=target, prefill_urls=prefill_urls, decode_urls=decode_urls, headers=headers
+    )
+    result = audit_facts(facts)
+    if not probe:
+        return result
+    assert target is not None
+    side = facts.smallest_pool_side()
+    if side is None or side.pool_tokens is None:
+        outcome = ProbeResult(
+            url=redact_url(target.rstrip("/") + "/v1/completions"),
+            outcome=ProbeOutcome.SKIPPED,
+            limit_tokens=None,
+            num_tokens=None,
+            token_count="",
+            error="no pool size was read, so there is no limit to probe above",
+        )
+        return AuditResult(facts, result.sides, result.findings, outcome)
+    context = side.context_tokens or facts.context_tokens
+    # above the pool, and above the context too when that is smaller: both must be refused
+    limit = min(side.pool_tokens, context) if context else side.pool_tokens
+    page_size = side.page_size or facts.page_size or DEFAULT_PAGE_SIZE
+    outcome = await probe_over_limit(
+        client,
+        target,
+        limit_tokens=limit,
+        page_size=page_size,
+        model=model or facts.model,
+        headers=headers,
+    )
+    extra = accept_finding(outcome, side, facts)
+    findings = result.findings + ((extra,) if extra else ())
+    return AuditResult(facts, result.sides, findings, outcome)
+
+
+def _audit_side(side: SideFacts, facts: EngineFacts) -> SideAudit:
+    pool, context = side.pool_tokens, side.context_tokens or facts.context_tokens
+    if pool is None:
+        return SideAudit(side, SideVerdict.UNKNOWN, None, "could not read the KV pool size")
+    if context is None:
+        return SideAudit(side, SideVerdict.UNKNOWN, None, "could not read the context length")
+    ratio = pool / context
+    if pool >= context:
+        return SideAudit(side, SideVerdict.OK, ratio, "the pool holds a full-context prompt")
+    return SideAudit(
+        side,
+        SideVerdict.POOL_SMALLER_THAN_CONTEXT,
+        ratio,
+        f"a prompt of {pool + 1}..{context} tokens is advertised as valid but does not fit",
+    )
+
+
+def _pool_finding(audit: SideAudit, facts: EngineFacts) -> Finding:
+    side = audit.side
+    pool, context = side.pool_tokens, side.context_tokens or facts.context_tokens
+    assert pool is not None, side
+    assert context is not None, side
+    assert audit.ratio is not None, audit
+    others = [
+        {"role": s.role, "url": redact_url(s.url), "pool_tokens": s.pool_tokens}
+        for s in facts.sides
+        if s is not side
+    ]
+    return Finding(
+        kind=FindingKind.POOL_SMALLER_THAN_CONTEXT,
+        severity=FindingKind.POOL_SMALLER_THAN_CONTEXT.severity,
+        detector="audit",
+        request_id=None,
+        tenant=None,
+        summary=(
+            f"{side.role} side {redact_url(side.url)}: KV pool of {pool} tokens is smaller than "
+            f"the advertised context of {context} tokens (ratio {audit.ratio:.3f})"
+        ),
+        details={
+            "role": side.role,
+            "url": redact_url(side.url),
+            "engine": facts.engine,
+            "pool_tokens": pool,
+            "context_tokens": context,
+            "ratio": round(audit.ratio, 6),
+            "max_input_tokens": side.max_input_tokens,
+            "page_size": side.page_size,
+            "pool_source": side.source,
+            "context_source": facts.context_source
+            if side.context_tokens == facts.context_tokens
+            else side.source,
+            "source_fields": side.fields,
+            "other_sides": others,
+        },
+    )
+
+
+def _side_record(audit: SideAudit) -> dict[str, Any]:
+    side = audit.side
+    return {
+        "role": side.role,
+        "url": redact_url(side.url),
+        "pool_tokens": side.pool_tokens,
+        "context_tokens": side.context_tokens,
+        "max_input_tokens": side.max_input_tokens,
+        "page_size": side.page_size,
+        "ratio": None if audit.ratio is None else round(audit.ratio, 6),
+        "verdict": str(audit.verdict),
+        "reason": audit.reason,
+        "source": side.source,
+    }
+
+
+def _finding_record(finding: Finding) -> dict[str, Any]:
+    return {
+        "kind": str(finding.kind),
+        "severity": str(finding.severity),
+        "detector": finding.detector,
+        "summary": finding.summary,
+        "details": finding.details,
+    }
+
+
+def _attempt_record(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "url": redact_url(attempt.url),
+        "status": attempt.status,
+        "error": attempt.error,
+        "yielded": attempt.yielded,
+    }
+
+
+__all__ = [
+    "AuditResult",
+    "ProbeOutcome",
+    "ProbeResult",
+    "SideAudit",
+    "SideVerdict",
+    "audit_facts",
+    "probe_over_limit",
+    "redact_url",
+    "run_audit",
+]

@@ -1,0 +1,354 @@
+"""The target client: sends one planned request to an OpenAI-compatible endpoint, observes it.
+
+`TargetClient.send` posts a `RequestPlan` to `/v1/chat/completions` (messages) or
+`/v1/completions` (prompt), streaming by default, and returns an `Observation`: status,
+`perf_counter_ns` timestamps, the streamed text, usage, finish reason and, where the target
+misbehaved, an error kind. It never raises for anything the target does; it raises only for
+the caller's mistakes (`ConfigError`: a tenant's credential variable is unset) and lets
+`asyncio.CancelledError` through, so a cancelled run stops at once.
+
+The transport is the caller's: an `httpx.AsyncClient` is injected (tests pass
+`httpx.MockTransport` or `httpx.ASGITransport`; `make_http_client` builds the production one
+with explicit `httpx.Limits` and `httpx.Timeout`). SSE is decoded by `httpx-sse`; this module
+does not know what a canary is, nor what the response text means.
+
+Timestamps (one process, `time.perf_counter_ns`):
+
+    t_scheduled_ns    when the runner meant to send (given by the caller)
+    t_sent_ns         just before the request was handed to httpx  -> queue_ns = sent - scheduled
+    t_first_byte_ns   the response head (status line and headers) arrived
+    t_first_token_ns  the network read that completed the first event with non-empty text
+                      arrived (stamped before that event was parsed); non-streaming: the body
+    t_done_ns         the response was finished with: read to its end, failed, or dropped
+
+Every failure is mapped to an `ErrorKind` in exactly one place, `_error_of`:
+
+    BaseException
+    ├── asyncio.CancelledError ........................ propagates (never swallowed)
+    └── Exception
+        ├── canaries.errors.ConfigError ................ propagates (tenant credential unset)
+        ├── TimeoutError (our per-request deadline) ... timeout
+        ├── sse_stream.ResponseTooLarge ............... too_large
+        ├── sse_stream.StreamViolation ................ protocol   bad JSON, error object/event
+        │                                                          after 200, wrong content type
+        └── httpx.HTTPError
+            ├── ConnectTimeout, ConnectError,
+            │   UnsupportedProtocol, ProxyError ....... connect
+            ├── TimeoutException (read/write/pool) .... timeout
+            ├── NetworkError, RemoteProtocolError ..... truncated after the response head,
+            │                                           connect / protocol before it
+            └── anything else (DecodingError,
+                LocalProtocolError, SSEError, ...) .... protocol
+    no exception, but:
+        a non-2xx status .............................. http_status (error body kept, bounded)
+        the harness dropped the stream on purpose ..... disconnected (`disconnect_after_chunks`)
+        the stream ended without [DONE]/finish_reason . truncated
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import httpx
+from httpx_sse import EventSource
+
+from canaries.errors import ConfigError
+from harness.record.observation import ErrorKind, Observation
+from harness.target.sse_stream import MeteredStream, ResponseTooLarge, StreamViolation, Transcript
+from tenants.plan import ApiStyle, RequestPlan
+from tenants.tenant import Tenant
+
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+ERROR_BODY_BYTES = 64 * 1024
+"""How much of a non-2xx body is read; the rest is dropped with the connection."""
+ERROR_EXCERPT_CHARS = 2000
+_ENDPOINTS: dict[ApiStyle, str] = {"chat": "chat/completions", "completions": "completions"}
+
+
+def default_timeout() -> httpx.Timeout:
+    """Per-operation timeouts for long prompts.
+
+    `read` bounds the wait for *each* read, including the first one, which comes only after
+    the whole prompt is prefilled: minutes for a million tokens. `pool` is unbounded because
+    the runner, not httpx's pool, limits concurrency (and times the queueing itself).
+    """
+    return httpx.Timeout(connect=10.0, read=300.0, write=60.0, pool=None)
+
+
+def default_limits(max_concurrency: int) -> httpx.Limits:
+    """One keep-alive connection per concurrent stream, so no stream waits for a connection
+    and no TCP handshake lands inside a TTFT (httpx's default caps connections at 100).
+
+    Idle connections are dropped after 4 s, before uvicorn's default 5 s keep-alive timeout
+    (SGLang's and vLLM's servers run on uvicorn): a request sent on a connection the server
+    is closing at that moment fails with a read error, and the harness never retries (a
+    retry could hide what the target did).
+    """
+    return httpx.Limits(
+        max_connections=max_concurrency,
+        max_keepalive_connections=max_concurrency,
+        keepalive_expiry=4.0,
+    )
+
+
+def make_http_client(
+    *,
+    max_concurrency: int = 64,
+    timeout: httpx.Timeout | None = None,
+    backend: Literal["httpx", "aiohttp"] = "httpx",
+) -> httpx.AsyncClient:
+    """The production `httpx.AsyncClient` for `TargetClient` (the caller closes it).
+
+    `backend="aiohttp"` keeps the httpx API but does the I/O with aiohttp (the optional
+    `httpx-aiohttp` package): httpcore's connection pool costs CPU per request that grows
+    with the number of open connections, which at hundreds of concurrent streams inflates
+    measured TTFTs by tens of milliseconds (benchmarks/RESULTS-client.md).
+    """
+    limits = default_limits(max_concurrency)
+    transport: httpx.AsyncBaseTransport | None = None
+    if backend == "aiohttp":
+        try:
+            from httpx_aiohttp import AiohttpTransport
+        except ImportError:
+            raise ConfigError(
+                "the aiohttp HTTP backend needs the httpx-aiohttp package (pip install "
+                "httpx-aiohttp)"
+            ) from None
+        transport = AiohttpTransport(limits=limits)
+    return httpx.AsyncClient(
+        limits=limits,
+        timeout=timeout or default_timeout(),
+        follow_redirects=False,
+        transport=transport,
+    )
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What happened at the HTTP level, filled in as the exchange proceeds."""
+
+    status: int | None = None
+    t_head_ns: int | None = None
+    error_body: bytes = b""
+    disconnected: bool = False
+
+
+class TargetClient:
+    """Sends request plans to one OpenAI-compatible target and observes the responses."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        *,
+        model: str,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        stream: bool = True,
+        timeout: httpx.Timeout | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
+        """`base_url` is the server root or its `/v1`; `timeout` overrides the client's
+        per-operation timeouts; `deadline_s` bounds a whole request, so a target that
+        trickles forever (never idle long enough for a read timeout) still ends."""
+        url = _parse_base_url(base_url)
+        if max_response_bytes < 1024:
+            raise ConfigError(f"max_response_bytes must be at least 1024, got {max_response_bytes}")
+        if deadline_s is not None and not deadline_s > 0:
+            raise ConfigError(f"the request deadline must be positive, got {deadline_s}")
+        self._client = client
+        self._base = url.rstrip("/") if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
+        self.model = model
+        self._max_response_bytes = max_response_bytes
+        self.stream = stream
+        self._timeout = timeout
+        self._deadline_s = deadline_s
+
+    def url_for(self, api: ApiStyle) -> str:
+        return f"{self._base}/{_ENDPOINTS[api]}"
+
+    def build_request(self, plan: RequestPlan, tenant: Tenant) -> httpx.Request:
+        """The HTTP request for `plan`, with `tenant`'s credentials resolved now."""
+        assert plan.tenant == tenant.name, (plan.tenant, tenant.name)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": plan.max_tokens,
+            "temperature": 0,
+            "stream": self.stream,
+        }
+        if plan.api == "chat":
+            body["messages"] = [{"role": "user", "content": plan.prompt}]
+        else:
+            body["prompt"] = plan.prompt
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
+        if tenant.cache_salt is not None:
+            body["cache_salt"] = tenant.cache_salt
+        # identity: the byte bound then bounds memory too (no decompression bombs)
+        headers = {"Accept-Encoding": "identity", **tenant.auth_headers()}
+        if self.stream:
+            headers["Accept"] = "text/event-stream"
+        timeout = self._timeout if self._timeout is not None else httpx.USE_CLIENT_DEFAULT
+        return self._client.build_request(
+            "POST", self.url_for(plan.api), json=body, headers=headers, timeout=timeout
+        )
+
+    async def send(
+        self,
+        plan: RequestPlan,
+        tenant: Tenant,
+        *,
+        t_scheduled_ns: int,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Observation:
+        """Send `plan` as `tenant`; `on_text` gets every text delta as it arrives."""
+        request = self.build_request(plan, tenant)
+        exchange = _Exchange()
+        transcript = Transcript(on_text=on_text)
+        failure: Exception | None = None
+        t_wall = time.time()
+        t_sent_ns = time.perf_counter_ns()
+        try:
+            async with asyncio.timeout(self._deadline_s):
+                await self._exchange(request, plan, exchange, transcript)
+        except (httpx.HTTPError, StreamViolation, ResponseTooLarge, TimeoutError) as exc:
+            failure = exc
+        t_done_ns = time.perf_counter_ns()
+        error = _error_of(failure, exchange, transcript, self._deadline_s)
+        text = transcript.text
+        return Observation(
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            status=exchange.status,
+            t_wall=t_wall,
+            t_scheduled_ns=t_scheduled_ns,
+            t_sent_ns=t_sent_ns,
+            t_first_byte_ns=exchange.t_head_ns,
+            t_first_token_ns=transcript.t_first_token_ns,
+            t_done_ns=t_done_ns,
+            text=text,
+            text_sha256=hashlib.sha256(text.encode()).hexdigest(),
+            num_text_chars=len(text),
+            num_chunks=transcript.num_chunks,
+            usage=transcript.usage,
+            finish_reason=transcript.finish_reason,
+            error_kind=error[0] if error else None,
+            error=error[1] if error else None,
+        )
+
+    async def _exchange(
+        self, request: httpx.Request, plan: RequestPlan, exchange: _Exchange, transcript: Transcript
+    ) -> None:
+        response = await self._client.send(request, stream=True)
+        try:
+            exchange.t_head_ns = time.perf_counter_ns()
+            exchange.status = response.status_code
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            meter = MeteredStream(response.stream, self._max_response_bytes)
+            response.stream = meter
+            if not response.is_success:
+                bound = min(ERROR_BODY_BYTES, self._max_response_bytes)
+                exchange.error_body = await _read_prefix(response, bound)
+                return
+            content_type = response.headers.get("content-type", "").partition(";")[0]
+            content_type = content_type.strip().lower()
+            if plan.disconnect_after_chunks == 0 or (
+                plan.disconnect_after_chunks is not None and content_type != "text/event-stream"
+            ):
+                exchange.disconnected = True  # drop it before the body: mid-prefill abort
+                return
+            if content_type == "text/event-stream":
+                await _read_events(response, meter, plan, exchange, transcript)
+            elif content_type == "application/json" or content_type.endswith("+json"):
+                # a non-streaming answer (asked for, or a target ignoring `stream: true`)
+                body = await response.aread()
+                transcript.take_body(body, meter.t_last_read_ns or time.perf_counter_ns())
+            else:
+                raise StreamViolation(f"unexpected content-type {content_type!r} after HTTP 200")
+        finally:
+            await response.aclose()
+
+
+async def _read_events(
+    response: httpx.Response,
+    meter: MeteredStream,
+    plan: RequestPlan,
+    exchange: _Exchange,
+    transcript: Transcript,
+) -> None:
+    limit = plan.disconnect_after_chunks
+    async with contextlib.aclosing(EventSource(response).aiter_sse()) as events:
+        async for event in events:
+            assert meter.t_last_read_ns is not None  # an event needs at least one read
+            transcript.take_event(event.event, event.data, meter.t_last_read_ns)
+            if limit is not None and transcript.num_chunks >= limit and not transcript.complete:
+                exchange.disconnected = True
+                return
+    # past [DONE] the loop kept reading to the end of the body, so the connection is reused
+
+
+async def _read_prefix(response: httpx.Response, num_bytes: int) -> bytes:
+    body = bytearray()
+    chunks_of = cast(AsyncGenerator[bytes, None], response.aiter_bytes())  # it is one
+    async with contextlib.aclosing(chunks_of) as chunks:
+        async for chunk in chunks:
+            body += chunk
+            if len(body) >= num_bytes:
+                break
+    return bytes(body[:num_bytes])
+
+
+def _error_of(
+    failure: Exception | None,
+    exchange: _Exchange,
+    transcript: Transcript,
+    deadline_s: float | None,
+) -> tuple[ErrorKind, str] | None:
+    """The one mapping from what went wrong to an error kind and a one-line message."""
+    got_head = exchange.status is not None
+    if failure is None:
+        if exchange.status is not None and not 200 <= exchange.status < 300:
+            body = exchange.error_body.decode("utf-8", errors="replace")
+            return "http_status", f"HTTP {exchange.status}: {body[:ERROR_EXCERPT_CHARS]}"
+        if exchange.disconnected:
+            return "disconnected", f"dropped by the harness after {transcript.num_chunks} chunks"
+        if not transcript.complete:
+            return "truncated", "the response ended without [DONE] or a finish_reason"
+        return None
+    message = f"{type(failure).__name__}: {failure}"[:ERROR_EXCERPT_CHARS]
+    kind: ErrorKind
+    match failure:
+        case TimeoutError():
+            kind, message = "timeout", f"no complete response within the {deadline_s} s deadline"
+        case ResponseTooLarge():
+            kind = "too_large"
+        case StreamViolation():
+            kind = "protocol"
+        case httpx.ConnectTimeout() | httpx.ConnectError() | httpx.UnsupportedProtocol():
+            kind = "connect"
+        case httpx.ProxyError():
+            kind = "connect"
+        case httpx.TimeoutException():
+            kind = "timeout"
+        case httpx.NetworkError() | httpx.RemoteProtocolError() if got_head:
+            kind = "truncated"
+        case httpx.NetworkError():
+            kind = "connect"
+        case _:
+            kind = "protocol"
+    return kind, message
+
+
+def _parse_base_url(base_url: str) -> str:
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"target URL {base_url!r} is not a valid URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(f"target URL {base_url!r} must start with http:// or https://")
+    return str(url)

@@ -1,0 +1,128 @@
+"""Counting tokens the way the target does: its own tokenize route, and its chat template.
+
+`--tokenizer server` builds prompts in the target's tokenizer. `canaries.RemoteTokenizer`
+speaks the tokenize routes (SGLang `/v1/tokenize`, vLLM `/tokenize`) asynchronously, while
+the planner counts synchronously; `ServerTokenizer` bridges the two by running each call on
+the session's event loop and blocking a worker thread on it, which is why the runner builds
+plans in a worker thread. The canary pieces are measured once per process (a few thousand
+tokenize requests); after that a prompt costs one request.
+
+`chat_overhead` measures how many tokens the target's chat template adds around a user
+message, so chat prompts can be built to an exact total as well.
+
+This module knows nothing about plans, runs or detectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from canaries import TAG, CanaryError, RemoteTokenizer, Tokenizer
+from canaries.errors import ConfigError, RunIncomplete
+from tenants.planner import CHAT_INSTRUCTION
+from tenants.tenant import Tenant
+
+T = TypeVar("T")
+
+
+async def remote_tokenizer(
+    http: httpx.AsyncClient, base_url: str, model: str, tenant: Tenant
+) -> RemoteTokenizer:
+    """The target's tokenize route, checked with one request (ConfigError if it has none)."""
+    remote = RemoteTokenizer(http, base_url, headers=tenant.auth_headers(), model=model)
+    try:
+        await remote.count(" probe")  # learn the route now, so a missing one is a clear error
+    except (CanaryError, httpx.HTTPError) as exc:
+        raise ConfigError(
+            f"--tokenizer server: {base_url} has no usable /v1/tokenize or /tokenize route "
+            f"({exc}); give a tokenizer name or a tokenizer.json path"
+        ) from None
+    return remote
+
+
+class ServerTokenizer:
+    """The target's tokenizer (`canaries.RemoteTokenizer`) behind the planner's synchronous
+    `Tokenizer` interface.
+
+    Each call blocks its thread on a coroutine run by the session's event loop, so calls
+    must come from another thread: the runner builds plans in a worker thread. Counting is
+    all prompt building needs; `decode` is not offered by a tokenize route.
+    """
+
+    vocab_size = 0
+    """Unknown over HTTP; with `name` it only keys the per-tokenizer cost cache."""
+
+    def __init__(
+        self, remote: RemoteTokenizer, loop: asyncio.AbstractEventLoop, base_url: str
+    ) -> None:
+        self.name = f"server:{base_url}"
+        self._remote = remote
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def encode(self, text: str) -> list[int]:
+        return self._wait(self._remote.encode, text)
+
+    def count(self, text: str) -> int:
+        return self._wait(self._remote.count, text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise CanaryError("the target's tokenize route counts tokens; it cannot decode them")
+
+    def _wait(self, call: Callable[[str], Coroutine[Any, Any, T]], text: str) -> T:
+        assert threading.get_ident() != self._loop_thread, "would block the loop it waits on"
+        try:
+            return asyncio.run_coroutine_threadsafe(call(text), self._loop).result()
+        except httpx.HTTPError as exc:
+            raise RunIncomplete(f"the target's tokenize route failed: {exc!r}") from None
+        except CanaryError as exc:
+            raise RunIncomplete(f"the target's tokenize route failed: {exc}") from None
+
+
+async def chat_overhead(
+    http: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    tokenizer: Tokenizer,
+    remote: RemoteTokenizer | None,
+    tenant: Tenant,
+) -> int:
+    """Tokens the target's chat template adds around a planned message.
+
+    vLLM's tokenize route renders the template itself. Otherwise one tiny chat request is
+    sent and its `usage.prompt_tokens` compared with the message's own count; the message
+    starts and ends like every planned chat prompt (a canary tag, then the planner's
+    instruction), so the template's boundary tokens are the same.
+    """
+    if remote is not None:
+        with contextlib.suppress(CanaryError, httpx.HTTPError):
+            return await remote.chat_overhead(model)
+    message = f" {TAG}{CHAT_INSTRUCTION}"
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+    url = f"{base_url.rstrip('/')}/v1/chat/completions"
+    try:
+        response = await http.post(url, json=body, headers=tenant.auth_headers())
+        prompt_tokens = int(response.json()["usage"]["prompt_tokens"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"cannot measure the chat template's size at {url} ({type(exc).__name__}: no "
+            "usage in its answer); use --api completions"
+        ) from None
+    overhead = prompt_tokens - await asyncio.to_thread(tokenizer.count, message)
+    if overhead < 0:
+        raise ConfigError(
+            f"{url} counts fewer tokens than --tokenizer {tokenizer.name} does; "
+            "give the model's tokenizer (--tokenizer PATH/tokenizer.json)"
+        )
+    return overhead

@@ -1,0 +1,255 @@
+"""Run options as data, and run settings from defaults, a TOML file and flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from canaries.errors import ConfigError
+from harness.run.config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_ENGINE_CONCURRENCY,
+    DEFAULT_NUM_REQUESTS,
+    RunConfig,
+    load_config_file,
+    resolve,
+)
+from harness.run.options import (
+    OPTIONS,
+    PLUGIN_PREFIX,
+    add_to_parser,
+    format_duration,
+    given_values,
+    options_for,
+    parse_duration,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30),
+        ("10m", 600),
+        ("8h", 28800),
+        ("1h30m", 5400),
+        ("250ms", 0.25),
+        ("45", 45),
+        ("1.5h", 5400),
+        ("2d", 172800),
+    ],
+)
+def test_parse_duration_reads_units(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "10x", "m10", "-5s", "0s", "10 m", "1h 30m", "nan"])
+def test_parse_duration_rejects_nonsense(text: str) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds", [0.25, 30, 90, 600, 5400, 28800])
+def test_format_duration_round_trips(seconds: float) -> None:
+    assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
+
+
+def test_every_option_has_help_flags_and_a_parsable_default() -> None:
+    names = [option.name for option in OPTIONS]
+    assert len(names) == len(set(names))
+    for option in OPTIONS:
+        assert option.help.endswith("."), option.name
+        assert option.cli_flag == "--" + option.name.replace("_", "-")
+        assert option.plugin_flag == PLUGIN_PREFIX + option.name.replace("_", "-")
+        if option.choices is not None:
+            assert option.default in option.choices
+
+
+def test_plugin_options_exclude_cli_only_ones() -> None:
+    plugin = {option.name for option in options_for("plugin")}
+    assert {"target", "tenants", "pool_tokens", "seed"} <= plugin
+    assert not {"out", "config", "report_every", "force"} & plugin
+
+
+def _parse(argv: list[str], scope: str = "run") -> dict[str, object]:
+    parser = argparse.ArgumentParser()
+    options = options_for(scope)  # type: ignore[arg-type]
+    add_to_parser(parser, options)
+    return given_values(parser.parse_args(argv), options)
+
+
+def test_parser_reports_only_flags_given() -> None:
+    given = _parse(
+        [
+            "--tenants",
+            "3",
+            "--duration",
+            "2m",
+            "--engine-fix",
+            "page_tags",
+            "--engine-fix",
+            "kv_checksum",
+            "--keep-raw-evidence",
+        ]
+    )
+    assert given == {
+        "tenants": 3,
+        "duration": 120.0,
+        "engine_fix": ("page_tags", "kv_checksum"),
+        "keep_raw_evidence": True,
+    }
+
+
+def test_parser_rejects_a_bad_value_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(["--tenants", "zero"])
+    assert exit_info.value.code == 2
+    assert "--tenants" in capsys.readouterr().err
+
+
+def test_prefixed_flags_for_the_plugin() -> None:
+    parser = argparse.ArgumentParser()
+    add_to_parser(parser, options_for("plugin"), prefix=PLUGIN_PREFIX)
+    namespace = parser.parse_args(["--kvcanary-target", "http://x:1/", "--kvcanary-rate", "2"])
+    assert given_values(namespace, options_for("plugin")) == {"target": "http://x:1", "rate": 2.0}
+
+
+def test_defaults_give_a_closed_loop_request_budget() -> None:
+    config = resolve("run", {})
+    assert config.num_requests == DEFAULT_NUM_REQUESTS
+    assert config.num_workers == DEFAULT_ENGINE_CONCURRENCY  # no --target: the bundled engine
+    assert resolve("run", {"target": "http://x:1"}).num_workers == DEFAULT_CONCURRENCY
+    assert config.page_size is None
+    timed = resolve("run", {"duration": 30.0, "rate": 5.0})
+    assert timed.num_requests is None
+    assert timed.num_workers is None
+
+
+def test_requests_and_duration_together_are_a_usage_error() -> None:
+    with pytest.raises(ConfigError, match=r"requests.*duration"):
+        resolve("run", {"requests": 10, "duration": 5.0})
+    with pytest.raises(ConfigError, match=r"concurrency.*rate"):
+        resolve("run", {"concurrency": 2, "rate": 1.0})
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "kvcanary.toml"
+    path.write_text(text)
+    return path
+
+
+def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+        [run]
+        tenants = 6
+        requests = 40
+        concurrency = 3
+        duration = "10m"  # a second bound in the same table is an error below
+    """,
+    )
+    with pytest.raises(ConfigError, match="requests and duration"):
+        resolve("run", {}, path)
+    path = _write(
+        tmp_path,
+        """
+        [run]
+        tenants = 6
+        requests = 40
+        concurrency = 3
+        pool-tokens = 4096
+        engine-fix = ["page_tags"]
+        keep-raw-evidence = true
+    """,
+    )
+    config = resolve("run", {"tenants": 2, "duration": 60.0}, path)
+    assert config.tenants == 2  # flag wins
+    assert config.duration == 60.0
+    assert config.requests is None  # the flag's --duration replaces the file's requests
+    assert config.concurrency == 3
+    assert config.pool_tokens == 4096
+    assert config.engine_fix == ("page_tags",)
+    assert config.keep_raw_evidence is True
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("[run]\nbogus = 1\n", "unknown key `bogus` in \\[run\\]"),
+        ("[run]\npool_tokens = 1\n", "unknown key `pool_tokens`"),
+        ("[run]\nconfig = 'x.toml'\n", "unknown key `config`"),
+        ("[run]\ntenants = 'many'\n", "\\[run\\] tenants: expected a positive integer"),
+        ("[run]\ntenants = true\n", "\\[run\\] tenants"),
+        ("[run]\nduration = '5 parsecs'\n", "\\[run\\] duration: not a duration"),
+        ("[run]\napi = 'grpc'\n", "\\[run\\] api: expected one of chat, completions"),
+        ("[run]\nreport-every = '1m'\n", "report-every.*only to kvcanary soak"),
+        ("[runs]\ntenants = 2\n", "unknown table \\[runs\\]"),
+        ("run = 3\n", "must be a table"),
+        ("[run\ntenants = 2\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_files_name_the_problem(tmp_path: Path, body: str, message: str) -> None:
+    path = _write(tmp_path, body)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config_file(path, "run")
+    assert str(path) in str(error.value)
+
+
+def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        resolve("run", {}, tmp_path / "absent.toml")
+
+
+def test_soak_table_applies_to_soak_only(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+        [run]
+        target = "http://127.0.0.1:9"
+        concurrency = 4
+        [soak]
+        duration = "8h"
+        report-every = "15m"
+        rate = 2.5
+    """,
+    )
+    soak = resolve("soak", {}, path)
+    assert soak.duration == 8 * 3600
+    assert soak.report_every == 900
+    assert soak.rate == 2.5
+    assert soak.concurrency is None  # [soak] rate replaces [run] concurrency
+    run = resolve("run", {}, path)
+    assert run.num_requests == DEFAULT_NUM_REQUESTS
+    assert run.concurrency == 4
+
+
+def test_soak_needs_a_duration() -> None:
+    with pytest.raises(ConfigError, match="soak needs --duration"):
+        resolve("soak", {})
+    assert resolve("soak", {"duration": 10.0}).num_requests is None
+
+
+def test_other_invariants() -> None:
+    with pytest.raises(ConfigError, match="at least 2"):
+        RunConfig(tenants=1)
+    with pytest.raises(ConfigError, match="only without --target"):
+        RunConfig(target="http://127.0.0.1:1", engine_fix=("page_tags",))
+    record = RunConfig(api_key_env="MY_KEY").to_record()
+    assert record["api_key_env"] == "MY_KEY"
+    assert record["command"] == "run"
+
+
+def test_the_readme_section_documents_every_option() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for option in OPTIONS:
+        assert f"`{option.cli_flag}" in readme, option.cli_flag
+
+
+def test_the_profile_help_names_every_profile() -> None:
+    from tenants.workload import profile_names
+
+    help_text = next(o.help for o in OPTIONS if o.name == "profile")
+    for name in profile_names():
+        assert name in help_text
