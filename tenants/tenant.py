@@ -26,6 +26,21 @@ _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 
 
+def env_name_problem(text: str) -> str | None:
+    """Why `text` is not the NAME of an environment variable, or None if it is one.
+
+    The one rule for every place a credential is referenced (flags, config files, scenarios,
+    tenant files). The text may be a key pasted by mistake, so the message never shows it:
+    only its length.
+    """
+    if _ENV_NAME.fullmatch(text):
+        return None
+    return (
+        "expected the NAME of an environment variable (letters, digits, '_'), not a key; "
+        f"got a value of {len(text)} characters"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Tenant:
     """One simulated customer of the target. Holds no secret, only where to find it."""
@@ -45,13 +60,9 @@ class Tenant:
             raise ConfigError(
                 f"tenant name {self.name!r} must be 1-64 letters, digits, '.', '_' or '-'"
             )
-        if self.api_key_env is not None and not _ENV_NAME.fullmatch(self.api_key_env):
-            # The value may be a key pasted by mistake: say what is wrong, never echo it.
-            raise ConfigError(
-                f"tenant {self.name!r}: api_key_env must be the NAME of an environment variable "
-                f"(letters, digits, '_'), not a key; got a value of {len(self.api_key_env)} "
-                "characters"
-            )
+        problem = None if self.api_key_env is None else env_name_problem(self.api_key_env)
+        if problem is not None:
+            raise ConfigError(f"tenant {self.name!r}: api_key_env: {problem}")
         for header in self.headers:
             if not _HEADER_NAME.fullmatch(header):
                 raise ConfigError(f"tenant {self.name!r}: {header!r} is not a valid header name")

@@ -20,6 +20,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from canaries.errors import ConfigError
+from harness.run.option_flags import add_to_parser, given_values
+from harness.run.options import options_for
 
 if TYPE_CHECKING:
     from harness.target.audit import AuditResult
@@ -40,74 +42,40 @@ def register(subparsers: Any) -> None:
             "unreachable or a pool size unknown: unknown is not clean)."
         ),
     )
-    parser.add_argument("--target", metavar="URL", help="the deployment's base URL (router)")
-    parser.add_argument(
-        "--prefill",
-        metavar="URL",
-        action="append",
-        default=[],
-        help="a prefill server to read directly (repeatable; replaces the sides the target lists)",
-    )
-    parser.add_argument(
-        "--decode",
-        metavar="URL",
-        action="append",
-        default=[],
-        help="a decode server to read directly (repeatable)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument(
-        "--probe",
-        action="store_true",
-        help="send one prompt just above the smallest pool through --target; accepting it "
-        "is an unsafe_accept finding",
-    )
-    parser.add_argument("--model", help="model name for the probe (default: from /v1/models)")
-    parser.add_argument(
-        "--api-key-env",
-        metavar="VAR",
-        help="environment variable holding a bearer token for the target",
-    )
-    parser.add_argument(
-        "--timeout",
-        metavar="S",
-        type=float,
-        default=30.0,
-        help="seconds to wait for each request, the probe included (default 30)",
-    )
+    # values are checked by the handler: a bad one is one line and exit 2, like every other
+    # usage error of the audit
+    add_to_parser(parser, options_for("audit"), parse_now=False)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import httpx
 
+    from harness.run.config import Layer, settings
     from harness.target.audit import run_audit
 
-    urls = ([args.target] if args.target else []) + args.prefill + args.decode
-    if not urls:
+    given = given_values(args, options_for("audit"), parse=True)
+    options = settings("audit", Layer("the command line", given))
+    if not (options["target"] or options["prefill"] or options["decode"]):
         raise ConfigError("audit needs --target URL (or --prefill URL / --decode URL)")
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"not an http(s) URL: {url!r}")
-    if args.timeout <= 0:
-        raise ConfigError(f"--timeout must be positive, got {args.timeout}")
-    headers = _auth_headers(args.api_key_env)
+    headers = _auth_headers(options["api_key_env"])
+    seconds: float = options["timeout"]
 
     async def audit() -> AuditResult:
-        timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 10.0))
+        timeout = httpx.Timeout(seconds, connect=min(seconds, 10.0))
         async with httpx.AsyncClient(timeout=timeout) as client:
             return await run_audit(
                 client,
-                target=args.target,
-                prefill_urls=args.prefill,
-                decode_urls=args.decode,
-                probe=args.probe,
-                model=args.model,
+                target=options["target"],
+                prefill_urls=options["prefill"],
+                decode_urls=options["decode"],
+                probe=options["probe"],
+                model=options["model"],
                 headers=headers,
             )
 
     result = asyncio.run(audit())
-    if args.json:
+    if options["json"]:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         _print_result(result)
@@ -174,9 +142,7 @@ def _print_result(result: AuditResult) -> None:
     for finding in result.findings:
         say(f"[bold red]{finding.kind}[/] ({finding.severity}): {finding.summary}")
     num_findings = len(result.findings)
-    style = {Verdict.CLEAN: "green", Verdict.UNSAFE: "bold red"}.get(
-        result.verdict, "yellow"
-    )
+    style = {Verdict.CLEAN: "green", Verdict.UNSAFE: "bold red"}.get(result.verdict, "yellow")
     say(
         f"verdict: [{style}]{result.verdict}[/] "
         f"({num_findings} finding{'' if num_findings == 1 else 's'})"

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from harness.run.options import parse_env_name, parse_url
+from harness.run.option_flags import add_to_parser, given_values
+from harness.run.options import options_for
+
+if TYPE_CHECKING:
+    from harness.run.config import Layer
+    from harness.scenarios.schema import Scenario
 
 _EPILOG = (
     "Exit status: 0 reproduced (for a clean control: it stayed clean); 1 not reproduced (the "
@@ -43,36 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SCENARIO",
         help="a shipped scenario's name (see `kvcanary scenarios`) or a scenario .toml file",
     )
-    parser.add_argument(
-        "--target",
-        type=_checked(parse_url),
-        metavar="URL",
-        help="run against this deployment instead of the scenario's target or engine",
-    )
-    parser.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="override a parameter the scenario declares (repeatable), e.g. "
-        "--param pool_tokens=284928",
-    )
-    parser.add_argument(
-        "--out", metavar="DIR", help="run directory (default ./kvcanary-runs/<UTC timestamp>)"
-    )
-    parser.add_argument(
-        "--api-key-env",
-        type=_checked(parse_env_name),
-        metavar="VAR",
-        help="environment variable holding the API key, for every tenant (the key itself is "
-        "never written anywhere)",
-    )
-    parser.add_argument(
-        "--keep-raw-evidence",
-        action="store_true",
-        help="keep response text verbatim in the journal and evidence (default: redacted to "
-        "canary spans plus a hash)",
-    )
+    add_to_parser(parser, options_for("repro"))
     parser.set_defaults(handler=repro_command)
     listing = subparsers.add_parser(
         "scenarios",
@@ -85,19 +60,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def repro_command(args: argparse.Namespace) -> int:
     """Load, run, print the verdict and the evidence paths; the exit status."""
+    from harness.run.config import Layer, settings
     from harness.scenarios.repro import run_repro
     from harness.scenarios.schema import parse_param_assignment, resolve_scenario
 
-    params = dict(parse_param_assignment(text) for text in args.param)
+    flags = given_values(args, options_for("repro"))
+    params = dict(parse_param_assignment(text) for text in flags.get("param", ()))
     scenario = resolve_scenario(args.scenario, params)
+    options = settings("repro", scenario_layer(scenario), Layer("the command line", flags))
     print(f"scenario {scenario.name} ({scenario.source})")
     print(f"  expects  {scenario.expect.describe()}")
     result = run_repro(
         scenario,
-        target=args.target,
-        out=args.out,
-        api_key_env=args.api_key_env,
-        keep_raw_evidence=args.keep_raw_evidence,
+        target=options["target"],
+        out=options["out"],
+        api_key_env=options["api_key_env"],
+        keep_raw_evidence=options["keep_raw_evidence"],
         file=sys.stderr,
     )
     print(f"verdict: {result.verdict.upper()} - {'; '.join(result.reasons)}")
@@ -127,11 +105,21 @@ def scenarios_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+def scenario_layer(scenario: Scenario) -> Layer:
+    """The settings a scenario gives, by option name, for `harness.run.config.merge`: above a
+    config file, below the command line."""
+    from harness.run.config import Layer
 
-    return convert
+    engine = scenario.engine
+    values = {
+        "target": scenario.target,
+        "seed": scenario.seed,
+        "model": scenario.client.model,
+        "tokenizer": scenario.client.tokenizer,
+        "timeout": scenario.client.timeout_s,
+        "tenants": len(scenario.tenants.names),
+        "engine_preset": engine.preset if engine is not None else None,
+        "engine_fix": engine.fixes if engine is not None else None,
+    }
+    given = {name: value for name, value in values.items() if value is not None}
+    return Layer(f"scenario {scenario.source}", given)

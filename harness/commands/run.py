@@ -4,9 +4,10 @@
 the bundled reference engine. `soak` is the same runner for long unattended runs: bounded by
 a required `--duration`, with periodic reports, journal rotation and resume from `--out`.
 
-Both take their flags from `harness.run.options` (shared with the pytest plugin and the config
-file). This module keeps its top-level imports light so `kvcanary --help` stays instant;
-the session and everything it pulls in are imported by the handler.
+Both take their flags from `harness.run.options` (shared with the pytest plugin, the other
+commands and the config file). This module keeps its top-level imports light so
+`kvcanary --help` stays instant; the session and everything it pulls in are imported by the
+handler.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.run.config import Command
-from harness.run.options import add_to_parser, given_values, options_for
+from harness.run.option_flags import add_to_parser, given_values
+from harness.run.options import options_for
 
 _EPILOG = (
     "Exit status: 0 clean, 1 findings, 2 usage or configuration error, 3 the run could not "

@@ -3,10 +3,12 @@
 Registered as the `kvcanary` entry point of `pytest11`, so installing kvcanary is enough and
 `-p no:kvcanary` turns it off. What it adds:
 
-    options    one group, `kvcanary`, every flag spelled `--kvcanary-<name>`, built from the
-               same `harness.run.options.OPTIONS` as `kvcanary run` (plus `--kvcanary-engine`,
-               `--kvcanary-suite`); each also readable from the ini file as `kvcanary_<name>`.
-               Precedence: command line, ini file, `--kvcanary-config` TOML, defaults.
+    options    one group, `kvcanary`: `kvcanary run`'s options from `harness.run.options`,
+               each spelled `--kvcanary-<name>`, plus `--kvcanary-suite` (and
+               `--kvcanary-engine`, the alias of `--kvcanary-engine-preset`); each also
+               readable from the ini file as `kvcanary_<name>`. Precedence, `harness.run.config`'s
+               one merge: command line over ini file over `--kvcanary-config` TOML over
+               defaults. Naming an engine preset anywhere starts the bundled engine.
     fixtures   `kvcanary_target` (session), `kvcanary_tenants`, `kvcanary_canaries`,
                `kvcanary_run` (a callable that runs a workload and returns a `WorkloadResult`)
     marker     `@pytest.mark.kvcanary`: the test drives the target; skipped without one
@@ -14,16 +16,15 @@ Registered as the `kvcanary` entry point of `pytest11`, so installing kvcanary i
                `kvcanary`, as ordinary test items: -k, -x, --junitxml all apply
     summary    a `kvcanary` section at the end: every run's verdict, findings, report path
 
-Start-up stays cheap on purpose: at import this module touches only `harness.run.options` (data
-and argparse helpers). The target, the session runner, pandas and the engine are imported by
-the fixture or hook that needs them, so the plugin costs nothing in test runs that never use
-it. State lives in `config.stash`, never on module globals.
+Start-up stays cheap on purpose: at import this module touches only `harness.run.options` and
+`harness.run.option_flags` (data and argparse helpers). The target, the session runner, pandas
+and the engine are imported by the fixture or hook that needs them, so the plugin costs
+nothing in test runs that never use it. State lives in `config.stash`, never on module globals.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
@@ -31,14 +32,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from harness.run.options import (
-    OPTIONS_BY_NAME,
-    PLUGIN_PREFIX,
-    Option,
-    add_to_parser,
-    options_for,
-    parse_text,
-)
+from harness.run.option_flags import add_to_parser
+from harness.run.options import PLUGIN_PREFIX, Option, options_for
 
 if TYPE_CHECKING:
     from harness.plugin.target import RunWorkload, TargetUnderTest
@@ -54,35 +49,8 @@ NO_TARGET = (
     "kvcanary: no target configured; pass --kvcanary-target=URL or "
     "--kvcanary-engine=vulnerable|hardened (or set kvcanary_target in the ini file)"
 )
-_EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
-
-_TARGET_OPTION = dataclasses.replace(
-    OPTIONS_BY_NAME["target"],
-    help="Base URL of an OpenAI-compatible deployment to test.",
-)
-_ENGINE_OPTION = dataclasses.replace(
-    OPTIONS_BY_NAME["engine_preset"],
-    name="engine",
-    default=None,
-    help="Start the bundled reference engine with this preset for the session and test it "
-    "(instead of --kvcanary-target): a project's own engine patches can be tested this way.",
-)
-_SUITE_OPTION = Option(
-    "suite",
-    parse_text,
-    False,
-    "Add kvcanary's built-in check suite (the incident checklist, 9 test items).",
-    action="flag",
-)
-PLUGIN_OPTIONS: tuple[Option, ...] = (
-    _TARGET_OPTION,
-    _ENGINE_OPTION,
-    *(o for o in options_for("plugin") if o.name not in ("target", "engine_preset")),
-    OPTIONS_BY_NAME["out"],
-    OPTIONS_BY_NAME["config"],
-    _SUITE_OPTION,
-)
-"""The shared run options, less the CLI's engine-preset spelling, plus the plugin's own."""
+PLUGIN_OPTIONS: tuple[Option, ...] = options_for("plugin")
+"""`kvcanary run`'s options and the plugin's own (`suite`), as the plugin reads them."""
 
 _TARGET_KEY = pytest.StashKey["TargetUnderTest"]()
 _GIVEN_KEY = pytest.StashKey[dict[str, Any]]()
@@ -109,12 +77,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     for option in PLUGIN_OPTIONS:
         kind = {"flag": "bool", "append": "args"}.get(option.action, "string")
-        parser.addini(
-            INI_PREFIX + option.name,
-            f"{option.help} (as {option.plugin_flag})",
-            type=kind,  # type: ignore[arg-type]
-            default=None,
-        )
+        for key, about in _ini_keys(option):
+            parser.addini(INI_PREFIX + key, about, type=kind, default=None)  # type: ignore[arg-type]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -241,27 +205,34 @@ def kvcanary_run(kvcanary_target: TargetUnderTest, request: pytest.FixtureReques
 # -- settings ----------------------------------------------------------------------------------
 
 
+def _ini_keys(option: Option) -> list[tuple[str, str]]:
+    """The ini keys that spell `option` (its name, then its aliases) and their help lines."""
+    main = (option.name, f"{option.help} (as {option.plugin_flag})")
+    return [main, *((alias, f"Alias of {INI_PREFIX}{option.name}.") for alias in option.aliases)]
+
+
 def _given(config: pytest.Config) -> dict[str, Any]:
     """The plugin settings given on the command line, over those in the ini file."""
-    values: dict[str, Any] = {}
+    from canaries.errors import ConfigError
+    from harness.run.config import Layer, coerce_values, merge
+
+    ini: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
     for option in PLUGIN_OPTIONS:
-        raw = config.getini(INI_PREFIX + option.name)
-        if raw is None or raw == [] or raw == "":
-            continue
-        try:
-            values[option.name] = option.coerce(raw)
-        except ValueError as exc:
-            raise pytest.UsageError(f"kvcanary: ini {INI_PREFIX}{option.name}: {exc}") from None
+        for key, _ in reversed(_ini_keys(option)):  # the option's own name over an alias
+            raw = config.getini(INI_PREFIX + key)
+            if raw is not None and raw != [] and raw != "":
+                ini[option.name], spelled[option.name] = raw, INI_PREFIX + key
+    flags: dict[str, Any] = {}
     for option in PLUGIN_OPTIONS:
         value = config.getoption(DEST_PREFIX + option.name)
-        if value is None:
-            continue
-        for pair in _EXCLUSIVE:
-            if option.name in pair:
-                for other in pair:
-                    values.pop(other, None)
-        values[option.name] = tuple(value) if option.action == "append" else value
-    return values
+        if value is not None:
+            flags[option.name] = tuple(value) if option.action == "append" else value
+    try:
+        ini = coerce_values(ini, lambda option, _: f"ini {spelled[option.name]}")
+        return merge(Layer("the ini file", ini), Layer("the command line", flags))
+    except ConfigError as exc:
+        raise pytest.UsageError(f"kvcanary: {exc}") from None
 
 
 def _given_settings(config: pytest.Config) -> dict[str, Any]:
@@ -279,15 +250,16 @@ def _target(config: pytest.Config) -> TargetUnderTest:
         return target
     from canaries.errors import ConfigError
     from harness.plugin.target import TargetUnderTest
-    from harness.run.config import resolve
+    from harness.run.config import Layer, RunConfig, layered
 
     given = _given_settings(config)
-    engine, fixes = given.pop("engine", None), given.pop("engine_fix", ())
-    out = given.get("out")
     try:
-        run_config = resolve("run", given, given.get("config"))
+        values = layered("run", Layer("the pytest flags", given), config_path=given.get("config"))
+        # the engine is the session's, not each run's: named anywhere, it is started
+        engine, fixes = values.pop("engine_preset", None), values.pop("engine_fix", ())
+        out = values.get("out")
         target = TargetUnderTest(
-            run_config,
+            RunConfig.from_values("run", values),
             engine=engine,
             engine_fixes=fixes,
             out_root=Path(out) if out is not None else None,

@@ -1,9 +1,10 @@
 """The target a pytest session tests, and the runs made against it.
 
 A target is a remote deployment (`--kvcanary-target URL`) or the bundled reference engine,
-started on first use (`--kvcanary-engine PRESET`, in separate processes, as `kvcanary run`
-starts it) and stopped when the session ends. Every run starts from one resolved `RunConfig`
-(flags over ini over config file over defaults) plus per-run overrides, runs through
+started on first use (`--kvcanary-engine-preset PRESET`, in separate processes, as `kvcanary
+run` starts it) and stopped when the session ends. Every run starts from one resolved
+`RunConfig` (flags over ini over config file over defaults, `harness.run.config`'s merge) with
+the `kvcanary_run(...)` overrides merged over it the same way, runs through
 `harness.run.session.run_session` into its own directory under the session's output directory,
 and is read back into a `WorkloadResult`: findings, the requests table, `summary.json`, the
 verdict.
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from canaries.errors import ConfigError, KvcanaryError, RunIncomplete
 from harness.record.finding import Finding, FindingKind, Severity
-from harness.run.config import DEFAULT_CONCURRENCY, RunConfig
+from harness.run.config import DEFAULT_CONCURRENCY, Layer, RunConfig, coerce_values, merge
 from harness.run.options import OPTIONS_BY_NAME, options_for
 
 if TYPE_CHECKING:
@@ -54,14 +55,10 @@ SUITE_MIN_CONCURRENCY = 4
 BUNDLED_CONCURRENCY = 1
 """Runs against the bundled engine go one request at a time unless told otherwise, as
 `kvcanary run` does: on a small CPU machine that keeps TTFT clean for the timing check."""
-RUN_OVERRIDES = frozenset(option.name for option in options_for("plugin")) - {
-    "target",
-    "engine_preset",
-    "engine_fix",
-    "engine_prefix_cache",
-}
-"""Settings a `kvcanary_run(...)` call may override (the target is the session's)."""
-_EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
+_SESSION_ONLY = ("target", "engine_preset", "engine_fix", "engine_prefix_cache", "out", "config")
+RUN_OVERRIDES = frozenset(option.name for option in options_for("run")) - set(_SESSION_ONLY)
+"""Settings a `kvcanary_run(...)` call may override (the target and the output are the
+session's)."""
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 _T = TypeVar("_T")
 
@@ -114,12 +111,12 @@ class TargetUnderTest:
         out_root: Path | None = None,
     ) -> None:
         if engine is not None and config.target is not None:
-            raise ConfigError("give --kvcanary-target or --kvcanary-engine, not both")
+            raise ConfigError("give --kvcanary-target or --kvcanary-engine-preset, not both")
         fixes = tuple(dict.fromkeys((*config.engine_fix, *engine_fixes)))
         if fixes and engine is None:
-            raise ConfigError("--kvcanary-engine-fix needs --kvcanary-engine=PRESET")
+            raise ConfigError("--kvcanary-engine-fix needs --kvcanary-engine-preset=PRESET")
         if config.engine_prefix_cache and engine is None:
-            raise ConfigError("--kvcanary-engine-prefix-cache needs --kvcanary-engine=PRESET")
+            raise ConfigError("--kvcanary-engine-prefix-cache needs --kvcanary-engine-preset")
         if engine is not None:  # an unknown preset or fix is a usage error, before any test
             from reference_engine.server.launch import make_config
 
@@ -134,7 +131,7 @@ class TargetUnderTest:
         self.engine = engine
         self.engine_fixes = fixes
         self.engine_prefix_cache = config.engine_prefix_cache
-        self._out_root = out_root if out_root is not None else _path(config.out)
+        self._out_root = out_root or (Path(config.out) if config.out is not None else None)
         self._base_url = config.target
         self._failure: str | None = None
         self._stack = contextlib.ExitStack()
@@ -175,7 +172,9 @@ class TargetUnderTest:
         if self._base_url is not None:
             return
         if self.engine is None:
-            raise ConfigError("no kvcanary target: pass --kvcanary-target=URL or --kvcanary-engine")
+            raise ConfigError(
+                "no kvcanary target: pass --kvcanary-target=URL or --kvcanary-engine-preset"
+            )
         from reference_engine.server.launch import running_engine
 
         try:
@@ -218,25 +217,19 @@ class TargetUnderTest:
                 f"kvcanary_run() got unknown setting(s) {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(RUN_OVERRIDES))}"
             )
-        values: dict[str, Any] = {}
-        for name, value in overrides.items():
-            for pair in _EXCLUSIVE:
-                if name in pair:
-                    values.update({other: None for other in pair if other not in overrides})
-            try:
-                values[name] = None if value is None else OPTIONS_BY_NAME[name].coerce(value)
-            except ValueError as exc:
-                raise ConfigError(f"kvcanary_run({name}={value!r}): {exc}") from None
-        paced = any(name in values for name in ("concurrency", "rate"))
-        if (
-            self.bundled
-            and not paced
-            and self.config.concurrency is None
-            and self.config.rate is None
-        ):
+        given = coerce_values(
+            {name: value for name, value in overrides.items() if value is not None},
+            lambda option, value: f"kvcanary_run({option.name}={value!r})",
+        )
+        given.update({name: None for name, value in overrides.items() if value is None})
+        session = {k: v for k, v in self.config.to_record().items() if v is not None}
+        values = merge(Layer("the session", session), Layer("kvcanary_run()", given))
+        paced = any(name in given for name in ("concurrency", "rate"))
+        session_paced = self.config.concurrency is not None or self.config.rate is not None
+        if self.bundled and not paced and not session_paced:
             values["concurrency"] = BUNDLED_CONCURRENCY
-        out_dir = self._run_dir(label)
-        return dataclasses.replace(self.config, target=self.base_url, out=str(out_dir), **values)
+        values.update(target=self.base_url, out=str(self._run_dir(label)))
+        return RunConfig.from_values(self.config.command, values)
 
     def run(self, label: str, **overrides: Any) -> WorkloadResult:
         """Run a workload against the target and read it back. Raises `KvcanaryError`."""
@@ -402,7 +395,3 @@ def _off_the_loop(function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         return function(*args, **kwargs)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvcanary-run") as pool:
         return pool.submit(function, *args, **kwargs).result()
-
-
-def _path(text: str | None) -> Path | None:
-    return Path(text) if text is not None else None

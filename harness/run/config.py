@@ -1,24 +1,35 @@
-"""Run settings: one validated dataclass built from defaults, a TOML file and flags.
+"""Run settings: the one precedence merge of every source, and the validated `RunConfig`.
 
-Precedence is flags over the config file over the defaults in `harness.run.options`. The file
-holds a `[run]` table (any option `kvcanary run` takes) and, for `kvcanary soak`, an
-optional `[soak]` table whose keys override `[run]`. Unknown tables, unknown keys and bad
-values are `ConfigError`s that name the file and the key.
+Sources, lowest first: the defaults in `harness.run.options`; a TOML config file (its `[run]`
+table, and for `kvcanary soak` its `[soak]` table over `[run]`); a scenario; the flags (the
+command line; for the pytest plugin its ini file, then its command line). `merge` is the one
+rule that combines them, for every command, the plugin, config files and scenarios: a later
+layer's value replaces an earlier one; naming one side of an exclusive pair (`requests` /
+`duration`, `concurrency` / `rate`) also drops the other side from every lower layer; one layer
+naming both sides is a `ConfigError`. `layered` puts the sources in that order.
 
-This module knows which combinations make sense (`--requests` with `--duration` does not).
-It does not touch the network, the environment or the engine; `harness.run.session` does.
+Unknown tables, unknown keys and bad values of a config file are `ConfigError`s that name the
+file and the key. This module knows which combinations make sense (`--requests` with
+`--duration` does not). It does not touch the network, the environment or the engine;
+`harness.run.session` does.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from canaries.errors import ConfigError
-from harness.run.options import OPTIONS_BY_NAME, Option, options_for
+from harness.run.options import (
+    EXCLUSIVE,
+    OPTIONS_BY_NAME,
+    Option,
+    Scope,
+    options_for,
+)
 
 Command = Literal["run", "soak"]
 
@@ -28,9 +39,13 @@ DEFAULT_ENGINE_CONCURRENCY = 1
 """The bundled engine is CPU-bound: one request at a time is as fast on a small machine,
 and keeps its time-to-first-token clean enough for the timing detector."""
 
-# Pairs where one source may name only one side; a higher source naming either side
-# replaces the whole pair from lower sources.
-_EXCLUSIVE = (("requests", "duration"), ("concurrency", "rate"))
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One source of settings: its name in messages, and the values it gives by option name."""
+
+    source: str
+    values: Mapping[str, Any]
 
 
 def _default(name: str) -> Any:
@@ -112,25 +127,81 @@ class RunConfig:
         """The settings as journaled in `run_started` (no credential values exist here)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def from_values(cls, command: Command, values: Mapping[str, Any]) -> RunConfig:
+        """The config `values` make: settings that are no field (`config`, `suite`) are
+        dropped, as they are the caller's business."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{"command": command, **{k: v for k, v in values.items() if k in names}})
+
+
+def coerce_values(raw: Mapping[str, Any], where: Callable[[Option, Any], str]) -> dict[str, Any]:
+    """Parsed values of one source, keyed by option name; a bad one is a `ConfigError` that
+    starts with `where(option, raw_value)`: the source's own name for the setting."""
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        option = OPTIONS_BY_NAME[name]
+        try:
+            values[name] = option.coerce(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where(option, value)}: {exc}") from None
+    return values
+
+
+def merge(*layers: Layer) -> dict[str, Any]:
+    """The values the layers give, each layer over the ones before it (see the module doc).
+
+    A value of None is given, as "unset": `kvcanary_run(requests=None)` drops a lower layer's
+    `requests` (and `duration`) and leaves the default.
+    """
+    values: dict[str, Any] = {}
+    for layer in layers:
+        _check_exclusive(layer)
+        for name in layer.values:
+            for pair in EXCLUSIVE:
+                if name in pair:
+                    for other in pair:
+                        values.pop(other, None)
+        values.update(layer.values)
+    return values
+
+
+def layered(
+    command: Command,
+    *flags: Layer,
+    config_path: str | Path | None = None,
+    scenario: Layer | None = None,
+) -> dict[str, Any]:
+    """The settings every source gives, in the one order: config file < scenario < flags
+    (`flags` lowest first). Defaults are not filled in: what is absent was not given."""
+    layers = []
+    if config_path is not None:
+        file_values = load_config_file(config_path, command)
+        layers.append(Layer(f"config file {config_path}", file_values))
+    if scenario is not None:
+        layers.append(scenario)
+    return merge(*layers, *flags)
+
+
+def settings(scope: Scope, *layers: Layer) -> dict[str, Any]:
+    """Every option `scope` takes: the merged `layers` over the option's default there."""
+    given = merge(*layers)
+    return {option.name: given.get(option.name, option.default) for option in options_for(scope)}
+
 
 def resolve(
-    command: Command, flags: Mapping[str, Any], config_path: str | Path | None = None
+    command: Command,
+    flags: Mapping[str, Any],
+    config_path: str | Path | None = None,
+    *,
+    scenario: Layer | None = None,
 ) -> RunConfig:
-    """The run's settings: `flags` (given on the command line) over the file over defaults."""
-    allowed = {option.name for option in options_for(command) if option.in_file}
-    _check_exclusive(flags, "the command line")
-    values: dict[str, Any] = {}
-    if config_path is not None:
-        values = load_config_file(config_path, command)
-    for name, value in flags.items():
-        if name not in allowed:
-            continue
-        for pair in _EXCLUSIVE:
-            if name in pair:
-                for other in pair:
-                    values.pop(other, None)
-        values[name] = value
-    return RunConfig(command=command, **values)
+    """The run's settings: `flags` (the command line) over `scenario` over the file over
+    defaults."""
+    values = layered(
+        command, Layer("the command line", flags), config_path=config_path, scenario=scenario
+    )
+    return RunConfig.from_values(command, values)
 
 
 def load_config_file(path: str | Path, command: Command) -> dict[str, Any]:
@@ -147,39 +218,29 @@ def load_config_file(path: str | Path, command: Command) -> dict[str, Any]:
     for table in document:
         if table not in ("run", "soak"):
             raise ConfigError(f"config file {path}: unknown table [{table}] (use [run])")
-    values: dict[str, Any] = {}
-    tables = ("run", "soak") if command == "soak" else ("run",)
-    for table in tables:
+    layers = []
+    for table in ("run", "soak") if command == "soak" else ("run",):
         body = document.get(table, {})
         if not isinstance(body, dict):
             raise ConfigError(f"config file {path}: `{table}` must be a table, [{table}]")
-        table_values = _read_table(path, table, body, command)
-        _check_exclusive(table_values, f"config file {path} [{table}]")
-        for name in table_values:
-            for pair in _EXCLUSIVE:
-                if name in pair:
-                    for other in pair:
-                        values.pop(other, None)
-        values.update(table_values)
-    return values
+        layers.append(
+            Layer(f"config file {path} [{table}]", _read_table(path, table, body, command))
+        )
+    return merge(*layers)
 
 
 def _read_table(path: Path, table: str, body: dict[str, Any], command: Command) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for key, raw in body.items():
+    raw: dict[str, Any] = {}
+    for key, value in body.items():
         option = _option_for_key(key)
         if option is None or not option.in_file:
             raise ConfigError(f"config file {path}: unknown key `{key}` in [{table}]")
         if command not in option.scopes:
             raise ConfigError(
-                f"config file {path}: `{key}` in [{table}] applies only to "
-                f"kvcanary {' / '.join(s for s in option.scopes if s != 'plugin')}"
+                f"config file {path}: `{key}` in [{table}] applies only to {_takers(option)}"
             )
-        try:
-            values[option.name] = option.coerce(raw)
-        except ValueError as exc:
-            raise ConfigError(f"config file {path}: [{table}] {key}: {exc}") from None
-    return values
+        raw[option.name] = value
+    return coerce_values(raw, lambda option, _: f"config file {path}: [{table}] {option.key}")
 
 
 def _option_for_key(key: str) -> Option | None:
@@ -190,10 +251,16 @@ def _option_for_key(key: str) -> Option | None:
     return option
 
 
-def _check_exclusive(values: Mapping[str, Any], where: str) -> None:
-    for first, second in _EXCLUSIVE:
-        if first in values and second in values:
+def _takers(option: Option) -> str:
+    """`kvcanary soak`, `kvcanary run / audit`, or the plugin: who takes `option`."""
+    commands = [scope for scope in option.scopes if scope != "plugin"]
+    return f"kvcanary {' / '.join(commands)}" if commands else "the pytest plugin"
+
+
+def _check_exclusive(layer: Layer) -> None:
+    for first, second in EXCLUSIVE:
+        if layer.values.get(first) is not None and layer.values.get(second) is not None:
             raise ConfigError(
-                f"{where} gives both {first} and {second}; give one "
+                f"{layer.source} gives both {first} and {second}; give one "
                 f"(--{first.replace('_', '-')} or --{second.replace('_', '-')})"
             )

@@ -1,109 +1,54 @@
-"""The run options, defined once as data: name, parser, default, help, and where each applies.
+"""The option registry: every setting of every command and of the pytest plugin, as data.
 
-The `kvcanary run` / `kvcanary soak` parsers, the TOML config file (`[run]` / `[soak]`
-tables) and the pytest plugin (`--kvcanary-<name>`, one option group) are all built from
-`OPTIONS`, so an option's spelling, type, default and help text exist in one place.
+`kvcanary run` / `soak` / `audit` / `repro`, the config file's `[run]` / `[soak]` tables and
+the pytest plugin take their options from `OPTIONS`: spelling, type, default and help exist
+once. The plugin's options are `kvcanary run`'s with the `--kvcanary-` prefix, plus `suite`.
+An option that reads differently in one scope (the audit's timeout, the plugin's
+`--kvcanary-engine` alias) has a `Variant` here, not a second definition.
 
-This module knows how to parse one value and how to add options to an argparse parser. It
-does not know how sources combine (flags over file over defaults) or which combinations are
-valid; that is `harness.run.config`.
+It knows no precedence (`harness.run.config`), no argparse (`harness.run.option_flags`) and
+no value syntax (`harness.run.option_values`).
 """
 
 from __future__ import annotations
 
-import argparse
-import math
-import re
-from collections.abc import Callable, Iterable, Sequence
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-Scope = Literal["run", "soak", "plugin"]
+from harness.run.option_values import format_duration as format_duration  # one spelling
+from harness.run.option_values import (
+    parse_duration,
+    parse_env_name,
+    parse_non_negative_int,
+    parse_positive_float,
+    parse_positive_int,
+    parse_text,
+    parse_url,
+)
+
+Scope = Literal["run", "soak", "plugin", "audit", "repro"]
 Action = Literal["value", "flag", "append"]
 
 PLUGIN_PREFIX = "--kvcanary-"
+EXCLUSIVE: tuple[tuple[str, str], ...] = (("requests", "duration"), ("concurrency", "rate"))
+"""Pairs of which one source may name only one side; a higher source naming either side
+replaces the whole pair from lower sources (see `harness.run.config.merge`)."""
 
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_RUNS: tuple[Scope, ...] = ("run", "soak", "plugin")
 
-
-def parse_duration(text: str) -> float:
-    """Seconds from `30s`, `10m`, `8h`, `1h30m`, `250ms` or a bare number of seconds."""
-    text = text.strip().lower()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pos, seconds = 0, 0.0
-        for match in _DURATION_PART.finditer(text):
-            if match.start() != pos:
-                break
-            seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-            pos = match.end()
-        if pos != len(text) or not text:
-            raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 8h)") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a duration must be positive, got {text!r}")
-    return seconds
+INHERIT: Final = object()
+"""A `Variant` field left at this keeps the option's own value."""
 
 
-def format_duration(seconds: float) -> str:
-    """The short form `parse_duration` reads back (`90` -> `1m30s`)."""
-    if seconds < 1:
-        return f"{round(seconds * 1000)}ms"
-    parts, rest = [], round(seconds)
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        if rest >= size:
-            parts.append(f"{rest // size}{unit}")
-            rest %= size
-    return "".join(parts) or "0s"
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """How an option reads in one scope where its general wording or default does not fit."""
 
-
-def parse_positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def parse_non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def parse_positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def parse_url(text: str) -> str:
-    if not re.match(r"^https?://[^/\s]+", text):
-        raise ValueError(f"expected an http(s) URL, got {text!r}")
-    return text.rstrip("/")
-
-
-def parse_env_name(text: str) -> str:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text):
-        raise ValueError(f"expected an environment variable name, got {text!r}")
-    return text
-
-
-def parse_text(text: str) -> str:
-    if not text.strip():
-        raise ValueError("expected a non-empty value")
-    return text
+    help: str | None = None
+    default: Any = INHERIT
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +63,12 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     action: Action = "value"
-    scopes: tuple[Scope, ...] = ("run", "soak", "plugin")
+    scopes: tuple[Scope, ...] = _RUNS
     in_file: bool = True
     """Whether a config file may set it (`config` itself may not)."""
+    aliases: tuple[str, ...] = ()
+    """Other keys that spell the same flag (`engine` for `engine_preset`, in the plugin)."""
+    variants: tuple[tuple[Scope, Variant], ...] = ()
 
     @property
     def key(self) -> str:
@@ -135,6 +83,19 @@ class Option:
     def plugin_flag(self) -> str:
         return f"{PLUGIN_PREFIX}{self.key}"
 
+    def in_scope(self, scope: Scope) -> Option:
+        """This option as `scope` reads it (its `Variant` there applied)."""
+        for where, variant in self.variants:
+            if where == scope:
+                return dataclasses.replace(
+                    self,
+                    help=variant.help or self.help,
+                    default=self.default if variant.default is INHERIT else variant.default,
+                    aliases=variant.aliases or self.aliases,
+                    variants=(),
+                )
+        return self
+
     def coerce(self, value: Any) -> Any:
         """A parsed value from a command-line string or a TOML value; ValueError if unusable."""
         if self.action == "flag":
@@ -142,7 +103,7 @@ class Option:
                 raise ValueError(f"expected true or false, got {value!r}")
             return value
         if self.action == "append":
-            items = value if isinstance(value, list) else [value]
+            items = value if isinstance(value, list | tuple) else [value]
             return tuple(self.coerce_item(item) for item in items)
         return self.coerce_item(value)
 
@@ -157,6 +118,16 @@ class Option:
         return parsed
 
 
+def _flag(name: str, help: str, scopes: tuple[Scope, ...] = _RUNS) -> Option:
+    """An on/off option (`--keep-raw-evidence`), off unless given."""
+    return Option(name, parse_text, False, help, action="flag", scopes=scopes)
+
+
+def _count(name: str, default: int | None, help: str, scopes: tuple[Scope, ...] = _RUNS) -> Option:
+    """A positive whole number (`--tenants N`)."""
+    return Option(name, parse_positive_int, default, help, metavar="N", scopes=scopes)
+
+
 OPTIONS: tuple[Option, ...] = (
     Option(
         "target",
@@ -165,6 +136,12 @@ OPTIONS: tuple[Option, ...] = (
         "Base URL of an OpenAI-compatible deployment. Without it, "
         "the bundled reference engine is started on a free loopback port.",
         metavar="URL",
+        scopes=(*_RUNS, "audit", "repro"),
+        variants=(
+            ("plugin", Variant("Base URL of an OpenAI-compatible deployment to test.")),
+            ("audit", Variant("The deployment's base URL (its router, when disaggregated).")),
+            ("repro", Variant("Run against this deployment instead of the scenario's target.")),
+        ),
     ),
     Option(
         "model",
@@ -172,6 +149,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Model name to send (default: the first model the target lists at /v1/models).",
         metavar="NAME",
+        scopes=(*_RUNS, "audit"),
     ),
     Option(
         "api",
@@ -182,14 +160,12 @@ OPTIONS: tuple[Option, ...] = (
         metavar="chat|completions",
         choices=("chat", "completions"),
     ),
-    Option("tenants", parse_positive_int, 4, "Number of simulated tenants.", metavar="N"),
-    Option(
+    _count("tenants", 4, "Number of simulated tenants."),
+    _count(
         "requests",
-        parse_positive_int,
         None,
         "Stop after N requests (default 60 when --duration is not given).",
-        metavar="N",
-        scopes=("run", "plugin"),
+        ("run", "plugin"),
     ),
     Option(
         "duration",
@@ -198,13 +174,11 @@ OPTIONS: tuple[Option, ...] = (
         "Stop after this long: 30s, 10m, 8h (required for soak).",
         metavar="D",
     ),
-    Option(
+    _count(
         "concurrency",
-        parse_positive_int,
         None,
         "Closed loop: N requests in flight at all times (default without --rate: 8, or 1 "
         "for the bundled engine).",
-        metavar="N",
     ),
     Option(
         "rate",
@@ -214,27 +188,15 @@ OPTIONS: tuple[Option, ...] = (
         "second, on an absolute clock (lateness is recorded as queue time).",
         metavar="R",
     ),
-    Option(
-        "pool_tokens",
-        parse_positive_int,
-        None,
-        "The target's KV pool size in tokens (default: ask the target).",
-        metavar="N",
+    _count("pool_tokens", None, "The target's KV pool size in tokens (default: ask the target)."),
+    _count(
+        "context_tokens", None, "The target's context length in tokens (default: ask the target)."
     ),
-    Option(
-        "context_tokens",
-        parse_positive_int,
-        None,
-        "The target's context length in tokens (default: ask the target).",
-        metavar="N",
-    ),
-    Option(
+    _count(
         "page_size",
-        parse_positive_int,
         None,
         "KV page size in tokens: every window of this many prompt tokens holds a whole "
         "canary (default: the target's, else 16).",
-        metavar="N",
     ),
     Option(
         "tokenizer",
@@ -251,6 +213,7 @@ OPTIONS: tuple[Option, ...] = (
         "Name of the environment variable holding the "
         "API key (the key itself is never written anywhere).",
         metavar="VAR",
+        scopes=(*_RUNS, "audit", "repro"),
     ),
     Option(
         "profile",
@@ -275,6 +238,8 @@ OPTIONS: tuple[Option, ...] = (
         120.0,
         "Per-request timeout (a whole streamed response).",
         metavar="D",
+        scopes=(*_RUNS, "audit"),
+        variants=(("audit", Variant("Per-request timeout, the probe included.", 30.0)),),
     ),
     Option(
         "out",
@@ -282,7 +247,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Output directory (default ./kvcanary-runs/<UTC timestamp>).",
         metavar="DIR",
-        scopes=("run", "soak"),
+        scopes=(*_RUNS, "repro"),
     ),
     Option(
         "config",
@@ -290,16 +255,13 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "TOML config file with a [run] table (flags override it).",
         metavar="FILE.toml",
-        scopes=("run", "soak"),
         in_file=False,
     ),
-    Option(
+    _flag(
         "keep_raw_evidence",
-        parse_text,
-        False,
         "Keep response text verbatim in the journal "
         "and evidence (default: redacted to canary spans plus a hash).",
-        action="flag",
+        scopes=(*_RUNS, "repro"),
     ),
     Option(
         "engine_preset",
@@ -308,6 +270,18 @@ OPTIONS: tuple[Option, ...] = (
         "Preset of the bundled engine (used without --target).",
         metavar="vulnerable|hardened",
         choices=("vulnerable", "hardened"),
+        variants=(
+            (
+                "plugin",
+                Variant(
+                    "Start the bundled reference engine with this preset for the session and "
+                    "test it (instead of --kvcanary-target): a project's own engine patches "
+                    "can be tested this way.",
+                    default=None,
+                    aliases=("engine",),
+                ),
+            ),
+        ),
     ),
     Option(
         "engine_fix",
@@ -317,39 +291,28 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
         action="append",
     ),
-    Option(
+    _flag(
         "engine_prefix_cache",
-        parse_text,
-        False,
         "Turn on the bundled engine's prefix cache (used without --target; shared by every "
         "tenant unless --engine-fix cache_salt or derive_cache_salt).",
-        action="flag",
     ),
-    Option(
+    _flag(
         "cache_probe",
-        parse_text,
-        False,
         "Before the workload, run the cross-tenant prefix-cache timing probe (paired "
         "controls, KS and Mann-Whitney tests, Holm across tenant pairs): a "
         "shared_prefix_cache finding when one tenant is served from another's cache.",
-        action="flag",
         scopes=("run", "plugin"),
     ),
-    Option(
+    _count(
         "cache_probe_trials",
-        parse_positive_int,
         20,
         "Timed trials per arm of the cache probe (more for noisy targets or small effects).",
-        metavar="N",
-        scopes=("run", "plugin"),
+        ("run", "plugin"),
     ),
-    Option(
+    _flag(
         "cache_probe_salts",
-        parse_text,
-        False,
         "Give each tenant its own random cache_salt in the cache probe, which adds the "
         "spoofed-salt test (a tenant sending another tenant's salt).",
-        action="flag",
         scopes=("run", "plugin"),
     ),
     Option(
@@ -368,13 +331,49 @@ OPTIONS: tuple[Option, ...] = (
         metavar="D",
         scopes=("soak",),
     ),
-    Option(
+    _flag(
         "force",
-        parse_text,
-        False,
         "Resume into an --out whose journal belongs to a different target or seed.",
-        action="flag",
         scopes=("soak",),
+    ),
+    _flag(
+        "suite",
+        "Add kvcanary's built-in check suite (the incident checklist, 9 test items).",
+        scopes=("plugin",),
+    ),
+    Option(
+        "prefill",
+        parse_url,
+        (),
+        "A prefill server to read directly (repeatable; replaces the sides the target lists).",
+        metavar="URL",
+        action="append",
+        scopes=("audit",),
+    ),
+    Option(
+        "decode",
+        parse_url,
+        (),
+        "A decode server to read directly (repeatable).",
+        metavar="URL",
+        action="append",
+        scopes=("audit",),
+    ),
+    _flag("json", "Print the result as JSON.", scopes=("audit",)),
+    _flag(
+        "probe",
+        "Send one prompt just above the smallest pool through --target; accepting it is an "
+        "unsafe_accept finding.",
+        scopes=("audit",),
+    ),
+    Option(
+        "param",
+        parse_text,
+        (),
+        "Override a parameter the scenario declares (repeatable), e.g. --param pool_tokens=284928.",
+        metavar="NAME=VALUE",
+        action="append",
+        scopes=("repro",),
     ),
 )
 
@@ -382,67 +381,5 @@ OPTIONS_BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
 
 
 def options_for(scope: Scope) -> tuple[Option, ...]:
-    return tuple(option for option in OPTIONS if scope in option.scopes)
-
-
-def add_to_parser(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    options: Iterable[Option],
-    *,
-    prefix: str = "--",
-) -> None:
-    """Add `options` as flags spelled `<prefix><key>`, each defaulting to "not given" (None).
-
-    Defaults are applied later, by `run_config`, so a flag left out never hides a value from
-    the config file.
-    """
-    for option in options:
-        flag = f"{prefix}{option.key}"
-        help_text = option.help
-        if option.default not in (None, False, ()):
-            shown = option.default
-            if option.parse is parse_duration:
-                shown = format_duration(option.default)
-            help_text = f"{help_text} Default: {shown}."
-        if option.action == "flag":
-            parser.add_argument(
-                flag,
-                dest=option.name,
-                action="store_const",
-                const=True,
-                default=None,
-                help=help_text,
-            )
-            continue
-        parser.add_argument(
-            flag,
-            dest=option.name,
-            type=_argparse_type(option),
-            action="append" if option.action == "append" else "store",
-            default=None,
-            metavar=option.metavar,
-            help=help_text,
-        )
-
-
-def given_values(namespace: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any]:
-    """The options the user actually gave on the command line, keyed by name."""
-    values: dict[str, Any] = {}
-    for option in options:
-        value = getattr(namespace, option.name, None)
-        if value is None:
-            continue
-        values[option.name] = tuple(value) if option.action == "append" else value
-    return values
-
-
-def _argparse_type(option: Option) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return option.coerce_item(text)
-        except ValueError as exc:
-            # argparse turns ArgumentTypeError into "argument --x: <message>", exit 2
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = option.key
-    return convert
+    """The options `scope` takes, as it reads them."""
+    return tuple(option.in_scope(scope) for option in OPTIONS if scope in option.scopes)

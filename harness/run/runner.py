@@ -50,6 +50,7 @@ from harness.record.finding import Finding
 from harness.record.observation import Observation
 from harness.record.ttft_model import TtftModel
 from harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
+from harness.run.phases import Budget, Phase, Workload, default_phases
 from harness.run.seams import (
     CanaryRegistry,
     ContentScanner,
@@ -59,7 +60,6 @@ from harness.run.seams import (
     Sender,
     TimingChecker,
 )
-from harness.run.phases import Budget, Phase, Workload, default_phases
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 

@@ -8,6 +8,7 @@ a user's pytest would load it.
 from __future__ import annotations
 
 import importlib
+import re
 import socket
 import subprocess
 import sys
@@ -76,6 +77,54 @@ def test_help_shows_one_kvcanary_group_with_the_shared_options(pytester: pytest.
     assert "kvcanary_target (string)" in text  # the ini equivalent
 
 
+def test_the_plugins_flags_are_the_run_commands_with_the_prefix(pytester: pytest.Pytester) -> None:
+    from harness.cli import build_parser
+
+    project(pytester)
+    text = run(pytester, "--help").stdout.str()
+    group = text[text.index("kvcanary: cross-tenant KV-cache leak checks:") :]
+    group = group[: group.index("\n\n")]
+    plugin = set(re.findall(r"(?<![\w-])--kvcanary-[a-z-]+[a-z]", group))
+    subcommands = next(a for a in build_parser()._actions if a.dest == "command")
+    run_parser = subcommands.choices["run"]  # type: ignore[index]
+    cli = {flag for action in run_parser._actions for flag in action.option_strings}
+    expected = {"--kvcanary-" + flag[2:] for flag in cli - {"-h", "--help"}}
+    assert plugin == expected | {"--kvcanary-suite", "--kvcanary-engine"}
+    assert "--kvcanary-engine-preset" in plugin  # `--kvcanary-engine` is its alias
+
+
+LAYERS_TEST = """
+def test_layers(kvcanary_target, kvcanary_tenants):
+    config = kvcanary_target.config
+    assert len(kvcanary_tenants) == config.tenants == {tenants}
+    assert config.seed == 7
+    assert (config.requests, config.duration) == (4, None)
+"""
+
+
+def test_settings_merge_file_then_ini_then_command_line(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".toml", kv="[run]\ntenants = 5\nseed = 7\nduration = '1m'\n")
+    ini = f"kvcanary_target = {closed_port_url()}\nkvcanary_config = kv.toml\n"
+    project(pytester, ini=ini + "kvcanary_tenants = 3\nkvcanary_requests = 4")
+    # tenants: file 5 < ini 3 < command line 2; the ini's requests drops the file's duration
+    for args, tenants in (((), 3), (("--kvcanary-tenants=2",), 2)):
+        pytester.makepyfile(test_layers=LAYERS_TEST.format(tenants=tenants))
+        run(pytester, *args).assert_outcomes(passed=1)
+
+
+def test_one_source_giving_both_sides_of_a_pair_is_a_usage_error(
+    pytester: pytest.Pytester,
+) -> None:
+    project(
+        pytester,
+        ini="kvcanary_requests = 4\nkvcanary_duration = 1m",
+        test_a="def test_a(): pass",
+    )
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "the ini file gives both requests and duration" in result.stderr.str()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -83,6 +132,10 @@ def test_help_shows_one_kvcanary_group_with_the_shared_options(pytester: pytest.
         (
             ["--kvcanary-engine=leaky"],
             "argument --kvcanary-engine: expected one of vulnerable, hardened",
+        ),
+        (
+            ["--kvcanary-engine-preset=leaky"],
+            "argument --kvcanary-engine-preset: expected one of vulnerable, hardened",
         ),
         (["--kvcanary-engine-fix=page_tags"], "--kvcanary-engine-fix needs --kvcanary-engine"),
         (["--kvcanary-engine=vulnerable", "--kvcanary-engine-fix=bogus"], "unknown fix bogus"),
@@ -100,11 +153,23 @@ def test_unusable_settings_are_one_line_usage_errors(
     assert "Traceback" not in result.stderr.str()
 
 
-def test_a_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:
-    project(pytester, ini="kvcanary_requests = many", test_a="def test_a(): pass")
+@pytest.mark.parametrize(
+    ("ini", "message"),
+    [
+        (
+            "kvcanary_requests = many",
+            "kvcanary: ini kvcanary_requests: expected a positive integer",
+        ),
+        ("kvcanary_engine = leaky", "kvcanary: ini kvcanary_engine: expected one of vulnerable"),
+    ],
+)
+def test_a_bad_ini_value_names_the_ini_key(
+    pytester: pytest.Pytester, ini: str, message: str
+) -> None:
+    project(pytester, ini=ini, test_a="def test_a(): pass")
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "kvcanary: ini kvcanary_requests: expected a positive integer" in result.stderr.str()
+    assert message in result.stderr.str()
 
 
 def test_without_a_target_the_suite_and_marked_tests_skip_with_the_reason(

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from harness.detectors.timing import TimingDetector
 from harness.plugin.checklist import CHECKS_BY_NAME
 from harness.plugin.checks import (
     no_leak_after_disconnect,
@@ -36,6 +37,7 @@ from harness.record.events import (
     PlanRecorded,
     RunFinished,
     RunStarted,
+    TimingFitted,
 )
 from harness.record.finding import Finding, FindingKind, Severity
 from harness.record.journal import JournalWriter
@@ -67,6 +69,7 @@ def write_run(tmp_path: Path, requests: list[Req], findings: list[Finding]) -> W
     events: list[Event] = [
         RunStarted("run", "http://target", "m", "completions", limits, (), 1, "k", t_wall=1.0)
     ]
+    timing = TimingDetector()
     for r in requests:
         plan = RequestPlan(
             request_id=r.request_id,
@@ -97,7 +100,12 @@ def write_run(tmp_path: Path, requests: list[Req], findings: list[Finding]) -> W
             error_kind=r.error_kind or ("http_status" if r.status and r.status >= 400 else None),
         )
         events += [PlanRecorded(plan), ObservationRecorded(observation)]
+        timing.observe(plan, observation)
     events += [FindingRecorded(f, t_wall=2.0) for f in findings]
+    # the runner journals the timing detector's final fit; checks apply exactly that line
+    timing.finish()
+    model = timing.model.to_dict() if timing.model is not None else None
+    events.append(TimingFitted(model, t_wall=2.5, final=True))
     events.append(RunFinished("completed", 3.0, len(requests)))
     writer = JournalWriter(tmp_path / "journal.jsonl")
     for event in events:

@@ -1,4 +1,4 @@
-"""Run options as data, and run settings from defaults, a TOML file and flags."""
+"""Run options as data, and run settings from defaults, a TOML file, a scenario and flags."""
 
 from __future__ import annotations
 
@@ -12,19 +12,16 @@ from harness.run.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_ENGINE_CONCURRENCY,
     DEFAULT_NUM_REQUESTS,
+    Layer,
     RunConfig,
     load_config_file,
+    merge,
     resolve,
+    settings,
 )
-from harness.run.options import (
-    OPTIONS,
-    PLUGIN_PREFIX,
-    add_to_parser,
-    format_duration,
-    given_values,
-    options_for,
-    parse_duration,
-)
+from harness.run.option_flags import add_to_parser, given_values
+from harness.run.option_values import format_duration, parse_duration
+from harness.run.options import OPTIONS, PLUGIN_PREFIX, options_for
 
 
 @pytest.mark.parametrize(
@@ -66,10 +63,33 @@ def test_every_option_has_help_flags_and_a_parsable_default() -> None:
             assert option.default in option.choices
 
 
-def test_plugin_options_exclude_cli_only_ones() -> None:
-    plugin = {option.name for option in options_for("plugin")}
-    assert {"target", "tenants", "pool_tokens", "seed"} <= plugin
-    assert not {"out", "config", "report_every", "force"} & plugin
+def test_the_plugin_takes_the_run_commands_options_with_the_prefix() -> None:
+    def flags(scope: str) -> set[str]:
+        parser = argparse.ArgumentParser()
+        prefix = PLUGIN_PREFIX if scope == "plugin" else "--"
+        add_to_parser(parser, options_for(scope), prefix=prefix)  # type: ignore[arg-type]
+        return {flag for action in parser._actions for flag in action.option_strings}
+
+    cli, plugin = flags("run") - {"-h", "--help"}, flags("plugin") - {"-h", "--help"}
+    plugin_own = {"--kvcanary-suite", "--kvcanary-engine"}  # the alias of ...-engine-preset
+    assert plugin - plugin_own == {PLUGIN_PREFIX + flag.removeprefix("--") for flag in cli}
+    assert plugin_own <= plugin
+    assert not {"report_every", "rotate_every", "force"} & {o.name for o in options_for("plugin")}
+
+
+def test_every_command_takes_its_shared_options_from_the_registry() -> None:
+    def scope(name: str) -> dict[str, object]:
+        return {option.name: option for option in options_for(name)}  # type: ignore[arg-type]
+
+    audit, repro, run = scope("audit"), scope("repro"), scope("run")
+    assert {"target", "model", "api_key_env", "timeout", "prefill", "probe"} <= set(audit)
+    assert {"target", "out", "api_key_env", "keep_raw_evidence", "param"} <= set(repro)
+    assert audit["target"].parse is run["target"].parse  # type: ignore[attr-defined]
+    assert audit["timeout"].default == 30.0  # type: ignore[attr-defined]
+    assert run["timeout"].default == 120.0  # type: ignore[attr-defined]
+    plugin_engine = scope("plugin")["engine_preset"]
+    assert plugin_engine.default is None  # type: ignore[attr-defined]
+    assert plugin_engine.aliases == ("engine",)  # type: ignore[attr-defined]
 
 
 def _parse(argv: list[str], scope: str = "run") -> dict[str, object]:
@@ -225,6 +245,36 @@ def test_soak_table_applies_to_soak_only(tmp_path: Path) -> None:
     assert run.concurrency == 4
 
 
+def test_precedence_is_defaults_then_file_then_scenario_then_flags(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[run]\ntenants = 3\nseed = 1\nmodel = 'file'\nrequests = 9\n")
+    scenario = Layer("scenario s.toml", {"seed": 2, "model": "scenario", "duration": 30.0})
+    config = resolve("run", {"model": "flag"}, path, scenario=scenario)
+    assert config.timeout == 120.0  # the default: nobody gave it
+    assert config.tenants == 3  # the file over the default
+    assert config.seed == 2  # the scenario over the file
+    assert config.model == "flag"  # the flags over the scenario
+    assert (config.requests, config.duration) == (None, 30.0)  # the scenario's side of the pair
+    flags = resolve("run", {"requests": 4}, path, scenario=scenario)
+    assert (flags.requests, flags.duration) == (4, None)
+
+
+def test_merge_replaces_exclusive_pairs_and_none_unsets() -> None:
+    low = Layer("low", {"requests": 5, "rate": 2.0, "tenants": 3})
+    assert merge(low, Layer("high", {"duration": 9.0})) == {
+        "duration": 9.0,
+        "rate": 2.0,
+        "tenants": 3,
+    }
+    assert merge(low, Layer("high", {"requests": None, "duration": 9.0}))["duration"] == 9.0
+    assert "requests" not in merge(low, Layer("high", {"duration": 9.0}))
+    with pytest.raises(ConfigError, match="high gives both concurrency and rate"):
+        merge(low, Layer("high", {"concurrency": 1, "rate": 1.0}))
+    filled = settings("audit", Layer("the command line", {"target": "http://x"}))
+    assert filled["target"] == "http://x"
+    assert filled["timeout"] == 30.0  # the audit's own default
+    assert filled["prefill"] == ()
+
+
 def test_soak_needs_a_duration() -> None:
     with pytest.raises(ConfigError, match="soak needs --duration"):
         resolve("soak", {})
@@ -241,10 +291,14 @@ def test_other_invariants() -> None:
     assert record["command"] == "run"
 
 
-def test_the_readme_section_documents_every_option() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for option in OPTIONS:
-        assert f"`{option.cli_flag}" in readme, option.cli_flag
+def test_the_readme_documents_every_option_as_each_scope_spells_it() -> None:
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    for scope in ("run", "soak", "audit", "repro"):
+        for option in options_for(scope):
+            assert f"`{option.cli_flag}" in readme, (scope, option.cli_flag)
+    for option in options_for("plugin"):
+        for flag in (option.plugin_flag, *(PLUGIN_PREFIX + alias for alias in option.aliases)):
+            assert f"`{flag}" in readme, flag
 
 
 def test_the_profile_help_names_every_profile() -> None:
