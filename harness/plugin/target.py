@@ -175,16 +175,12 @@ class TargetUnderTest:
             raise ConfigError(
                 "no kvcanary target: pass --kvcanary-target=URL or --kvcanary-engine-preset"
             )
-        from reference_engine.server.launch import running_engine
+        from harness.run.wiring import bundled_engine
 
+        overrides = {"prefix_cache": True} if self.engine_prefix_cache else None
         try:
-            handle = self._stack.enter_context(
-                running_engine(
-                    self.engine,
-                    fixes=self.engine_fixes,
-                    processes=True,
-                    prefix_cache=self.engine_prefix_cache,
-                )
+            url = self._stack.enter_context(
+                bundled_engine(self.engine, fixes=self.engine_fixes, overrides=overrides)
             )
         except KvcanaryError as exc:
             self._failure = f"the bundled engine ({self.engine}) cannot start: {exc}"
@@ -192,7 +188,7 @@ class TargetUnderTest:
         except (OSError, RuntimeError, TimeoutError) as exc:
             self._failure = f"the bundled engine ({self.engine}) did not start: {exc}"
             raise RunIncomplete(self._failure) from None
-        self._base_url = str(handle.base_url)
+        self._base_url = url
 
     def close(self) -> None:
         """Stop the bundled engine, if it was started (idempotent)."""

@@ -60,19 +60,40 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, RunIdentity]:
     A new directory is not created here: the journal writer creates it (mode 0700) when the
     run starts, so a run that never starts (a typo in --target) leaves nothing behind.
     """
-    out_dir = Path(config.out) if config.out is not None else default_out_dir()
+    if config.command == "soak":
+        out_dir = _usable_out_dir(config.out)
+        if out_dir.is_dir() and journal_segments(out_dir):
+            return out_dir, _resume(out_dir, config)
+    else:
+        out_dir = fresh_out_dir(
+            config.out,
+            hint=" (a soak can be resumed with `kvcanary soak --out {out_dir}`)",
+        )
+    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
+    return out_dir, RunIdentity(new_run_id(), seed, 0, 0, resumed=False)
+
+
+def fresh_out_dir(out: str | Path | None, *, hint: str = "") -> Path:
+    """`out` (default: a new timestamped directory) if it holds no run yet."""
+    out_dir = _usable_out_dir(out)
+    if out_dir.is_dir() and journal_segments(out_dir):
+        raise ConfigError(
+            f"--out {out_dir} already holds a run; choose another directory"
+            + hint.format(out_dir=out_dir)
+        )
+    return out_dir
+
+
+def _usable_out_dir(out: str | Path | None) -> Path:
+    out_dir = Path(out) if out is not None else default_out_dir()
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} exists and is not a directory")
-    if out_dir.is_dir() and journal_segments(out_dir):
-        if config.command != "soak":
-            raise ConfigError(
-                f"--out {out_dir} already holds a run; choose another directory "
-                f"(a soak can be resumed with `kvcanary soak --out {out_dir}`)"
-            )
-        return out_dir, _resume(out_dir, config)
-    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(2**32)
-    run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
-    return out_dir, RunIdentity(run_id, seed, 0, 0, resumed=False)
+    return out_dir
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """`<UTC timestamp>-<6 hex>`: sorts by start time, unique across machines."""
+    return f"{(now or datetime.now(UTC)).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
 
 
 def target_key(settings: dict[str, Any]) -> str:

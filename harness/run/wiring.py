@@ -1,0 +1,333 @@
+"""The one place a run is put together: the pieces `run`, `soak`, `repro` and the plugin share.
+
+A session (`harness.run.session`) and a scenario reproduction (`harness.scenarios.repro`)
+differ in where their settings come from and in how they send (phases of one budget, or a
+scenario's ordered steps); everything else is built here, once: the bundled engine on a free
+loopback port, the HTTP client, first contact with the target (its facts, limits and model),
+the canary minter, the detectors, the journal and its `run_started` record, the cache probe
+phase, and the final render.
+
+Heavy or optional imports (the engine, pandas via reports) happen inside functions, so the
+harness runs against a remote deployment without the engine installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from canaries import (
+    CanaryError,
+    CanaryIndex,
+    CanaryMinter,
+    CanaryOrigin,
+    Owner,
+    Tokenizer,
+    load_tokenizer,
+)
+from canaries.errors import ConfigError, RunIncomplete
+from harness.detectors.content import ContentDetector
+from harness.detectors.protocol import ProtocolDetector
+from harness.detectors.timing import TimingDetector
+from harness.record.events import Event, Limits, RunStarted
+from harness.record.journal import JOURNAL_NAME, JournalWriter
+from harness.run.progress import ProgressDisplay
+from harness.run.seams import Detectors, TimingChecker
+from harness.target.client import TargetClient, make_http_client
+from harness.target.limits import limits_from_facts
+from harness.target.server_info import EngineFacts, read_engine_facts
+from tenants.planner import request_id
+from tenants.tenant import Tenant
+
+if TYPE_CHECKING:
+    from harness.cache_probe.probe import CacheProbeResult, ProbeSettings
+    from reports.render import RenderResult
+
+MAX_RESPONSE_BYTES = 1024 * 1024
+"""Per-response bound: far more than any answer a run asks for (at most tens of tokens)."""
+CONNECT_TIMEOUT_S = 10.0
+WRITE_TIMEOUT_S = 60.0
+
+
+# -- before the target -----------------------------------------------------------------
+
+
+def local_tokenizer(spec: str, where: str) -> Tokenizer:
+    """A tokenizer by name or path; `where` names the setting in the error (`--tokenizer`)."""
+    try:
+        return load_tokenizer(spec)
+    except CanaryError as exc:
+        raise ConfigError(f"{where} {spec}: {exc}") from None
+
+
+def check_credentials(tenants: Sequence[Tenant]) -> None:
+    """A missing credential variable is a usage error, raised before any I/O."""
+    for tenant in tenants:
+        tenant.auth_headers()
+
+
+@contextlib.contextmanager
+def bundled_engine(
+    preset: str,
+    *,
+    fixes: Sequence[str] = (),
+    overrides: Mapping[str, Any] | None = None,
+    processes: bool = True,
+    display: ProgressDisplay | None = None,
+) -> Iterator[str]:
+    """The bundled reference engine on a free loopback port; yields its base URL.
+
+    Separate processes by default: the engine's Python never competes with the harness for
+    one GIL, which keeps its TTFT honest, and KV pages cross a real socket between the sides.
+    """
+    from reference_engine.availability import require_engine
+
+    require_engine(
+        "a run without --target", alternative="test a running deployment with --target URL"
+    )
+    from reference_engine.server.launch import running_engine
+
+    settings = dict(overrides or {})
+    described = [f"fix {fix}" for fix in fixes]
+    described += [_describe_setting(k, v) for k, v in settings.items()]
+    note = display.note if display is not None else _silent
+    note(f"starting the bundled reference engine ({', '.join([preset, *described])})")
+    with running_engine(preset, fixes=tuple(fixes), processes=processes, **settings) as engine:
+        note(f"engine listening at {engine.base_url}")
+        yield str(engine.base_url)
+    note("engine stopped")
+
+
+def _describe_setting(name: str, value: Any) -> str:
+    if value is True:
+        return f"{name.replace('_', ' ')} on"
+    return f"{name}={value}"
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+# -- first contact ---------------------------------------------------------------------
+
+
+def http_client(
+    max_in_flight: int,
+    read_timeout_s: float,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> httpx.AsyncClient:
+    """The run's HTTP client (`transport` replaces the network, for tests)."""
+    timeout = httpx.Timeout(
+        connect=CONNECT_TIMEOUT_S, read=read_timeout_s, write=WRITE_TIMEOUT_S, pool=None
+    )
+    if transport is not None:
+        return httpx.AsyncClient(transport=transport, timeout=timeout)
+    return make_http_client(max_concurrency=max_in_flight, timeout=timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class Contact:
+    """What the target said about itself, merged with what the user declared."""
+
+    base_url: str
+    facts: EngineFacts
+    limits: Limits
+    model: str
+
+
+async def contact(
+    http: httpx.AsyncClient,
+    base_url: str,
+    tenant: Tenant,
+    *,
+    pool_tokens: int | None,
+    context_tokens: int | None,
+    page_size: int | None,
+    model: str | None,
+    how_to_name_model: str,
+    display: ProgressDisplay,
+) -> Contact:
+    """Read the target's facts; raises `RunIncomplete` when it cannot be reached and
+    `ConfigError` when its limits or model are unknown and were not given."""
+    facts = await read_engine_facts(http, base_url, headers=tenant.auth_headers())
+    if not facts.reachable:
+        errors = [a.error for a in facts.attempts if a.error]
+        why = errors[0] if errors else "no response"
+        raise RunIncomplete(f"cannot reach the target at {base_url}: {why}")
+    limits = limits_from_facts(
+        facts, pool_tokens=pool_tokens, context_tokens=context_tokens, page_size=page_size
+    )
+    name = model or facts.model
+    if name is None:
+        raise ConfigError(f"{base_url}/v1/models lists no model; {how_to_name_model}")
+    display.note(
+        f"target {base_url} ({facts.engine}), model {name}: pool {limits.pool_tokens} "
+        f"tokens, context {limits.context_tokens}, page {limits.page_size} [{limits.source}]"
+    )
+    return Contact(base_url, facts, limits, name)
+
+
+def target_client(http: httpx.AsyncClient, contact: Contact, deadline_s: float) -> TargetClient:
+    return TargetClient(
+        http,
+        contact.base_url,
+        model=contact.model,
+        max_response_bytes=MAX_RESPONSE_BYTES,
+        deadline_s=deadline_s,
+    )
+
+
+# -- canaries, detectors, journal ------------------------------------------------------
+
+
+def canary_minter(seed: int, run_id: str, *, seeded: bool) -> CanaryMinter:
+    """A given seed makes the whole run reproducible, canary key included; without one the
+    key is random and never leaves this process."""
+    return CanaryMinter.from_seed(seed, run_id) if seeded else CanaryMinter.random()
+
+
+def owner_of(tenants: Sequence[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
+    """Attribute a canary that left the live index, from its decoded origin."""
+
+    def owner(origin: CanaryOrigin) -> Owner | None:
+        if not 0 <= origin.tenant < len(tenants):
+            return None
+        return Owner(tenants[origin.tenant].name, request_id(origin.tenant, origin.request))
+
+    return owner
+
+
+def detectors(
+    index: CanaryIndex,
+    limits: Limits,
+    *,
+    keep_raw_evidence: bool,
+    timing: TimingChecker | None = None,
+) -> Detectors:
+    """Content (other tenants' canaries), protocol (what was accepted) and timing."""
+    return Detectors(
+        ContentDetector(index, redact_excerpts=not keep_raw_evidence),
+        ProtocolDetector(limits),
+        timing if timing is not None else TimingDetector(),
+    )
+
+
+class Journal:
+    """The run's journal, with each event also shown on the progress display."""
+
+    def __init__(self, out_dir: Path, display: ProgressDisplay) -> None:
+        self._writer = JournalWriter(out_dir / JOURNAL_NAME)
+        self._display = display
+
+    @property
+    def path(self) -> Path:
+        return self._writer.path
+
+    @property
+    def writer(self) -> JournalWriter:
+        return self._writer
+
+    def emit(self, event: Event) -> None:
+        self._writer.write(event)
+        self._display.handle(event)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def run_started(
+    contact: Contact,
+    *,
+    run_id: str,
+    api: str,
+    tenants: Sequence[Tenant],
+    seed: int,
+    minter: CanaryMinter,
+    settings: dict[str, Any],
+) -> RunStarted:
+    """The journal's first record: who ran what against which target, with which versions."""
+    from importlib import metadata
+
+    return RunStarted(
+        run_id=run_id,
+        target=contact.base_url,
+        model=contact.model,
+        api=api,
+        limits=contact.limits,
+        tenants=tuple(t.to_record() for t in tenants),
+        seed=seed,
+        canary_key_id=minter.key_id,
+        settings=settings,
+        versions={"kvcanary": metadata.version("kvcanary"), "httpx": httpx.__version__},
+        t_wall=datetime.now(UTC).timestamp(),
+    )
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep the garbage collector from walking everything built so far during the run.
+
+    A full collection over a large heap pauses the event loop for tens of milliseconds, and
+    a pause while a response is streaming lands in its time to first token. Freezing moves
+    the objects that exist now out of the collector's reach (vLLM's bench does the same).
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+# -- after the workload ----------------------------------------------------------------
+
+
+async def cache_probe(
+    client: TargetClient,
+    tenants: Sequence[Tenant],
+    tokenizer: Tokenizer,
+    settings: ProbeSettings,
+    *,
+    salts: bool,
+    emit: Callable[[Event], None],
+    display: ProgressDisplay,
+    wrap: Callable[[Any], contextlib.AbstractContextManager[None]] | None = None,
+) -> tuple[CacheProbeResult, int]:
+    """The prefix-cache probe: trials designed, sent and judged; findings journaled.
+
+    Returns the result and how many requests it sent. `wrap(probe)` surrounds the sending
+    (the session's Ctrl-C handling). Raises `ConfigError` for a design the limits cannot hold.
+    """
+    from harness.cache_probe.probe import CacheProbe, design_trials, probe_tenants
+
+    salted = probe_tenants(list(tenants), salts=salts)
+    design = await asyncio.to_thread(design_trials, salted, tokenizer, settings)
+    display.note(
+        f"cache probe: {design.num_requests} requests, {len(design.pairs)} tenant pairs, "
+        f"{settings.num_trials} trials per arm, {settings.num_prefix_tokens}-token shared "
+        f"prefix of {settings.num_prompt_tokens}"
+    )
+    probe = CacheProbe(client, design, emit=emit)
+    with wrap(probe) if wrap is not None else contextlib.nullcontext():
+        result = await probe.run()
+    verdict = str(result.verdict).upper()
+    display.note(f"cache probe: {verdict}: {'; '.join(result.assessment.reasons)}")
+    return result, design.num_requests
+
+
+def render(out_dir: Path, *, keep_raw_evidence: bool, display: ProgressDisplay) -> RenderResult:
+    """The reports from the journal; an output that could not be written is noted, not raised."""
+    from reports.render import render_run
+
+    result = render_run(out_dir, keep_raw_evidence=keep_raw_evidence)
+    for name, error in result.errors.items():
+        display.note(f"report output {name} could not be written: {error}")
+    return result
