@@ -15,7 +15,7 @@ Two parts, both using the probe's own statistics (`harness.cache_probe.stats`):
              speedup it measures is reported), then timing-only detection rates when each
              arm has n of those measured TTFTs (subsampled without replacement). With the
              cache off: repeated default runs count findings (false positives) and verdicts
-             (every one should be `unverifiable`).
+             (every one should be `inconclusive`).
 
     .venv/bin/python benchmarks/bench_cache_probe.py --part sim       # about a minute
     .venv/bin/python benchmarks/bench_cache_probe.py --part engine    # several minutes

@@ -42,7 +42,6 @@ from harness.cache_probe.stats import (
     ArmPair,
     ArmSample,
     Assessment,
-    Verdict,
     assess,
     findings_of,
 )
@@ -56,6 +55,7 @@ from harness.record.events import (
 )
 from harness.record.finding import Finding
 from harness.record.observation import Observation
+from harness.record.verdict import Verdict
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 

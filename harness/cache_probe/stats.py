@@ -27,10 +27,10 @@ is a *reported hit* when it reports at least half of the shared prefix as cached
 *says hit* when most of its reporting trials do. An arm is served from cache when timing
 says so or the target's own count does; `agreement` compares the two.
 
-Verdict: `found` when any cross-tenant or spoofed-salt arm is served from cache; otherwise
-`not_found` when the positive control is (the cache works and the probe can see it), and
-`unverifiable` when it is not (cache off, or its effect too small to see): a probe that
-cannot see a tenant's own hits proves nothing about isolation.
+Verdict (`harness.record.verdict.Verdict`): `leak` when any cross-tenant or spoofed-salt arm
+is served from cache; otherwise `clean` when the positive control is (the cache works and the
+probe can see it), and `inconclusive` when it is not (cache off, or its effect too small to
+see): a probe that cannot see a tenant's own hits proves nothing about isolation.
 
 It deliberately knows nothing about HTTP, prompts or trial order (that is the probe).
 """
@@ -53,13 +53,13 @@ from harness.cache_probe.significance import (
     trim_upper_outliers,
 )
 from harness.record.finding import Finding, FindingKind
+from harness.record.verdict import Verdict
 
 DEFAULT_ALPHA = 1e-3
 """Family-wise error rate across tenant pairs (Holm); the positive control uses it as is."""
 REPORTED_HIT_FRACTION = 0.5
 """A trial is a reported hit when `cached_tokens` covers at least this share of the prefix."""
 
-Verdict = Literal["found", "not_found", "unverifiable"]
 ArmKind = Literal["same_tenant", "cross_tenant", "spoofed_salt"]
 
 
@@ -247,10 +247,10 @@ def _verdict(positive: Contrast, contrasts: Sequence[Contrast]) -> tuple[Verdict
     if reasons:
         if not positive.cache_hit:
             reasons.append("(the positive control did not show the cache, yet these arms did)")
-        return "found", tuple(reasons)
+        return Verdict.LEAK, tuple(reasons)
     if positive.cache_hit:
         how = "timing" if positive.timing_hit else "the target's cached_tokens"
-        return "not_found", (
+        return Verdict.CLEAN, (
             f"the positive control shows a working cache ({how}: {_effect(positive)}), and no "
             f"cross-tenant arm was served from it ({len(contrasts)} contrasts, Holm at "
             f"alpha {positive.alpha:g})",
@@ -264,7 +264,7 @@ def _verdict(positive: Contrast, contrasts: Sequence[Contrast]) -> tuple[Verdict
         )
         if positive.reported.says_hit is False:
             why += " and the target reports no cached tokens"
-    return "unverifiable", (why + ": the cache is off or its effect is invisible here",)
+    return Verdict.INCONCLUSIVE, (why + ": the cache is off or its effect is invisible here",)
 
 
 def _describe(c: Contrast) -> str:
@@ -346,7 +346,6 @@ __all__ = [
     "Assessment",
     "Contrast",
     "GroundTruth",
-    "Verdict",
     "assess",
     "compare_arms",
     "findings_of",

@@ -343,7 +343,7 @@ def pool_holds_context(audit: AuditResult) -> CheckOutcome:
 
 
 def no_shared_prefix_cache(run: WorkloadResult) -> CheckOutcome:
-    """The cache probe's verdict: found fails, not found passes, unverifiable skips."""
+    """The cache probe's verdict: leak fails, clean passes, inconclusive skips."""
     shared = _findings(run, (FindingKind.SHARED_PREFIX_CACHE,))
     if shared:
         pairs = sorted({f"{f.victim_tenant} -> {f.tenant}" for f in shared})
@@ -357,7 +357,7 @@ def no_shared_prefix_cache(run: WorkloadResult) -> CheckOutcome:
     if probe is None:
         return _failed("inconclusive: the run ended before the cache probe reached a verdict", run)
     reasons = "; ".join(str(r) for r in probe.details.get("assessment", {}).get("reasons", ()))
-    if probe.verdict == "not_found":
+    if probe.verdict == "clean":
         return _passed(reasons, run)
     return _skipped(f"isolation unverifiable: {reasons}", run)
 

@@ -87,8 +87,8 @@ class FindingRecorded:
 
 @dataclass(frozen=True, slots=True)
 class ProbeFinished:
-    """An opt-in probe phase reached its own verdict (`cache_probe`: `found`, `not_found` or
-    `unverifiable`), with its statistics; findings it made are recorded separately."""
+    """An opt-in probe phase reached its own verdict (a `harness.record.verdict.Verdict`:
+    `leak`, `clean` or `inconclusive`), with its statistics; findings are recorded apart."""
 
     probe: str
     verdict: str

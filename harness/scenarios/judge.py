@@ -34,7 +34,7 @@ class StepReport:
     findings: Mapping[str, int] = field(default_factory=dict)
     ended: str = "completed"
     probe_verdict: str | None = None
-    """A cache_probe step's verdict: `found`, `not_found` or `unverifiable`."""
+    """A cache_probe step's verdict: `leak`, `clean` or `inconclusive`."""
     probe_reasons: tuple[str, ...] = ()
 
     @classmethod
@@ -119,7 +119,7 @@ def _problems(steps: Sequence[StepReport], ended: str) -> tuple[str, ...]:
         problems.append(f"the run ended early ({ended}) after {len(steps)} step(s)")
     for report in steps:
         step = report.step
-        if isinstance(step, CacheProbeStep) and report.probe_verdict == "unverifiable":
+        if isinstance(step, CacheProbeStep) and report.probe_verdict == "inconclusive":
             problems.append(f"{report.label}: isolation unverifiable: {report.probe_reasons[0]}")
         if not isinstance(step, SendStep):
             continue

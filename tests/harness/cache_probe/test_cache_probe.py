@@ -77,7 +77,7 @@ async def test_a_shared_cache_is_found_with_agreeing_cached_tokens(
 ) -> None:
     result = await probe(FakeCacheTarget("shared"), tenants, tokenizer)
 
-    assert result.verdict == "found"
+    assert result.verdict == "leak"
     assert result.assessment.positive_control.timing_hit
     cross = [c for c in result.assessment.contrasts if c.kind == "cross_tenant"]
     assert {(c.owner, c.prober) for c in cross} == {("alice", "bob"), ("bob", "alice")}
@@ -103,7 +103,7 @@ async def test_a_salted_cache_isolates_tenants_but_trusts_a_spoofed_salt(
     assert result.assessment.positive_control.cache_hit
     by_kind = Counter((c.kind, c.cache_hit) for c in result.assessment.contrasts)
     assert by_kind == {("cross_tenant", False): 2, ("spoofed_salt", True): 2}
-    assert result.verdict == "found"
+    assert result.verdict == "leak"
     assert {f.details["contrast"]["kind"] for f in result.findings} == {"spoofed_salt"}
     assert "cache_salt" in result.findings[0].summary
 
@@ -113,7 +113,7 @@ async def test_a_salt_derived_from_the_credential_is_not_found(
 ) -> None:
     result = await probe(FakeCacheTarget("derived"), tenants, tokenizer)
 
-    assert result.verdict == "not_found"
+    assert result.verdict == "clean"
     assert result.findings == ()
     assert result.assessment.positive_control.timing_hit
     assert len(result.assessment.contrasts) == 4
@@ -128,7 +128,7 @@ async def test_no_cache_is_unverifiable_not_clean(
 ) -> None:
     result = await probe(FakeCacheTarget("off"), tenants, tokenizer)
 
-    assert result.verdict == "unverifiable"
+    assert result.verdict == "inconclusive"
     assert result.findings == ()
     assert not result.assessment.positive_control.cache_hit
     assert "positive control failed" in result.assessment.reasons[0]
@@ -139,7 +139,7 @@ async def test_the_targets_cached_tokens_find_what_timing_cannot_see(
 ) -> None:
     result = await probe(FakeCacheTarget("constant"), tenants, tokenizer)
 
-    assert result.verdict == "found"
+    assert result.verdict == "leak"
     cross = [c for c in result.assessment.contrasts if c.kind == "cross_tenant"]
     assert all(c.cache_hit and not c.timing_hit for c in cross)
     assert all(c.agreement is False for c in cross)
@@ -152,7 +152,7 @@ async def test_without_cached_tokens_timing_alone_decides(
     target = FakeCacheTarget("shared", report_cached=False)
     result = await probe(target, tenants, tokenizer)
 
-    assert result.verdict == "found"
+    assert result.verdict == "leak"
     assert result.assessment.agreement is None
     assert all(c.reported.num_reporting == 0 for c in result.assessment.contrasts)
 
@@ -233,11 +233,11 @@ async def test_everything_is_journaled_and_round_trips(
             assert event.plan.phase == "cache_probe"
             assert event.plan.intent == "control"
     finding = next(e for e in events if isinstance(e, FindingRecorded)).finding
-    assert finding.details["assessment"]["verdict"] == "found"
+    assert finding.details["assessment"]["verdict"] == "leak"
     last = events[-1]
     assert isinstance(last, ProbeFinished)
     assert last.probe == "cache_probe"
-    assert last.verdict == "found"
+    assert last.verdict == "leak"
     assert last.details["design"]["num_requests"] == result.design.num_requests
 
 
@@ -264,7 +264,7 @@ async def test_failed_requests_are_dropped_not_timed(
     failed = [o for o in result.outcomes if o.ttft_ms is None]
     assert failed
     assert all("503" in (o.error or "") for o in failed)
-    assert result.verdict == "found"
+    assert result.verdict == "leak"
 
 
 def test_unusable_settings_are_config_errors(tokenizer: Tokenizer) -> None:
@@ -344,7 +344,7 @@ async def test_stop_and_cancel_end_the_probe_with_a_verdict_on_what_was_measured
     # a stop lets the trial in flight send its timed request; a cancel sends nothing more
     assert sender.num_sent == 9 if cancel else 9 <= sender.num_sent <= 10
     assert len(result.outcomes) < len(design.trials)
-    assert result.verdict == "unverifiable"
+    assert result.verdict == "inconclusive"
     assert not result.assessment.positive_control.test.tested  # far too few trials
     assert isinstance(events[-1], ProbeFinished)
     observations = [e.observation for e in events if isinstance(e, ObservationRecorded)]

@@ -28,7 +28,7 @@ def test_the_probe_phase_finds_the_bundled_engines_shared_cache(
     phases = [r["phase"] for r in records if r["type"] == "phase"]
     assert phases[-1] == "cache_probe"
     (finished,) = [r for r in records if r["type"] == "probe_finished"]
-    assert finished["verdict"] == "found"
+    assert finished["verdict"] == "leak"
     assert finished["details"]["design"]["num_trials"] == 10
     found = [r for r in records if r["type"] == "finding" and r["kind"] == "shared_prefix_cache"]
     assert {(f["victim_tenant"], f["tenant"]) for f in found} == {
@@ -39,7 +39,7 @@ def test_the_probe_phase_finds_the_bundled_engines_shared_cache(
     summary = json.loads((out / "summary.json").read_text())
     assert summary["counts"]["findings"]["shared_prefix_cache"] == 2
     assert [p["probe"] for p in summary["probes"]] == ["cache_probe"]
-    assert summary["probes"][0]["verdict"] == "found"
+    assert summary["probes"][0]["verdict"] == "leak"
     assert "shared_prefix_cache" not in summary["checks_not_run"]  # the probe ran and found it
 
 

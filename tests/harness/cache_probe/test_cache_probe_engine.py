@@ -66,7 +66,7 @@ async def test_an_unsalted_cache_is_found_below_alpha_within_the_default_sample_
 
     assert SETTINGS.num_trials <= DEFAULT_NUM_TRIALS
     assert SETTINGS.alpha == DEFAULT_ALPHA
-    assert result.verdict == "found"
+    assert result.verdict == "leak"
     cross = [c for c in result.assessment.contrasts if c.kind == "cross_tenant"]
     assert len(cross) == 2
     for contrast in cross:
@@ -81,7 +81,7 @@ async def test_a_credential_derived_salt_is_not_found_and_the_positive_control_p
 ) -> None:
     result = await probe_engine(tenants, ("cache_salt", "derive_cache_salt"))
 
-    assert result.verdict == "not_found"
+    assert result.verdict == "clean"
     assert result.findings == ()
     positive = result.assessment.positive_control
     assert positive.timing_hit
@@ -94,6 +94,6 @@ async def test_a_credential_derived_salt_is_not_found_and_the_positive_control_p
 async def test_no_cache_is_unverifiable(tenants: list[Tenant]) -> None:
     result = await probe_engine(tenants, prefix_cache=False)
 
-    assert result.verdict == "unverifiable"
+    assert result.verdict == "inconclusive"
     assert result.findings == ()
     assert result.assessment.positive_control.reported.num_reported_hits == 0

@@ -82,12 +82,12 @@ def test_the_shipped_scenario_and_its_control() -> None:
 def test_an_unverifiable_probe_makes_a_clean_control_inconclusive() -> None:
     step = CacheProbeStep("probe", 3)
     blind = StepReport(
-        2, step, num_requests=100, probe_verdict="unverifiable", probe_reasons=("cache off",)
+        2, step, num_requests=100, probe_verdict="inconclusive", probe_reasons=("cache off",)
     )
     verdict, reasons = judge(Expectation("clean"), {}, [blind], "completed")
     assert verdict == "inconclusive"
     assert reasons == ("step 2 (probe): isolation unverifiable: cache off",)
-    seen = StepReport(2, step, num_requests=100, probe_verdict="not_found", probe_reasons=("ok",))
+    seen = StepReport(2, step, num_requests=100, probe_verdict="clean", probe_reasons=("ok",))
     assert judge(Expectation("clean"), {}, [seen], "completed")[0] == "reproduced"
 
 
@@ -100,7 +100,7 @@ def test_the_shared_cache_scenario_reproduces_on_the_bundled_engine(tmp_path: Pa
     assert result.verdict == "reproduced", result.reasons
     assert result.findings["shared_prefix_cache"] == 4  # 2 pairs x (own salt, spoofed salt)
     probe = result.steps[-1]
-    assert probe.probe_verdict == "found"
+    assert probe.probe_verdict == "leak"
     assert probe.findings == {"shared_prefix_cache": 4}
     rows = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows if r["type"] == "phase"] == ["1-victims", "cache_probe"]

@@ -133,18 +133,18 @@ def test_verdicts_found_not_found_unverifiable() -> None:
     shared = [*isolated, ArmPair("cross_tenant", "b", "a", arm(20, rng, None), miss)]
 
     found = assess(positive, shared, shared_tokens=896)
-    assert found.verdict == "found"
+    assert found.verdict == "leak"
     assert [(c.owner, c.prober) for c in found.found] == [("b", "a")]
     assert found.contrasts[1].p_adjusted == pytest.approx(
         min(1.0, 2 * found.contrasts[1].test.p_value)
     )
 
     clean = assess(positive, isolated, shared_tokens=896)
-    assert clean.verdict == "not_found"
+    assert clean.verdict == "clean"
     assert "positive control shows a working cache" in clean.reasons[0]
 
     blind = assess(no_cache, isolated, shared_tokens=896)
-    assert blind.verdict == "unverifiable"
+    assert blind.verdict == "inconclusive"
     assert blind.found == ()
 
 
@@ -156,7 +156,7 @@ def test_identical_arms_never_make_a_finding() -> None:
         result = assess(
             ArmPair("same_tenant", "*", "*", arm(50, rng, None), miss), family, shared_tokens=64
         )
-        assert result.verdict == "unverifiable"
+        assert result.verdict == "inconclusive"
         assert findings_of(result, {}) == []
 
 
@@ -168,7 +168,7 @@ def test_ground_truth_alone_can_show_the_cache_and_agreement_is_reported() -> No
 
     result = assess(positive, [cross], shared_tokens=896)
 
-    assert result.verdict == "not_found"
+    assert result.verdict == "clean"
     assert "cached_tokens" in result.reasons[0]
     assert result.positive_control.agreement is False
     assert result.contrasts[0].agreement is True

@@ -80,13 +80,13 @@ def probed_run(verdict: str | None, reasons: list[str]) -> WorkloadResult:
 
 
 def test_a_probe_that_verified_isolation_passes() -> None:
-    outcome = CHECK(probed_run("not_found", ["the positive control shows a working cache"]))
+    outcome = CHECK(probed_run("clean", ["the positive control shows a working cache"]))
     assert outcome.status == "passed"
     assert outcome.reason == "the positive control shows a working cache"
 
 
 def test_a_probe_that_could_not_see_the_cache_skips_and_says_why() -> None:
-    outcome = CHECK(probed_run("unverifiable", ["the positive control failed: ..."]))
+    outcome = CHECK(probed_run("inconclusive", ["the positive control failed: ..."]))
     assert outcome.status == "skipped"
     assert outcome.reason.startswith("isolation unverifiable: the positive control failed")
 
