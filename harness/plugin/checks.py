@@ -225,12 +225,11 @@ def usage_matches(run: WorkloadResult) -> CheckOutcome:
 def real_prefill(run: WorkloadResult) -> CheckOutcome:
     """No `fast_prefill` finding, and the largest accepted prompt above the detector's bar.
 
-    The timing detector flags an answer only where its margin against false alarms holds
-    (`TtftModel.eligible`: the bar at least k noise scales above the intercept). The largest
-    accepted prompt, the one the incident skipped, is held to the same bar (`threshold`:
-    half the fitted prefill time, less k noise scales) wherever that bar stands at least one
-    noise scale above the intercept, so that an answer with no prefill at all would fall
-    under it; below that the noise hides a prefill and the check is skipped.
+    The largest accepted prompt, the one the incident skipped, is held to the detector's own
+    rule (`TtftModel.threshold`, where `TtftModel.eligible` says the rule can judge it).
+    Where it cannot (no fit, or noise hides the prefill of every answered prompt) the check
+    is skipped as "not judged" with the detector's reason: it never passes without a bar
+    that an answer with no prefill would fall under.
     """
     from harness.record.ttft_model import TtftModel
 
@@ -253,16 +252,17 @@ def real_prefill(run: WorkloadResult) -> CheckOutcome:
             run,
             fast,
         )
+    timing = run.summary.get("timing") or {}
     if model is None:
-        return _skipped(
-            "too few answered prompts of distinct lengths to fit TTFT against prompt length", run
-        )
+        why = timing.get("not_judged") or "too few answered prompts of distinct lengths to fit"
+        return _skipped(f"not judged: {why}", run)
     bar_ms = model.threshold(n_max)
-    if bar_ms - model.intercept_ms < model.scale_ms:
+    if not model.eligible(n_max) or bar_ms <= 0:
         return _skipped(
-            f"TTFT noise ({model.scale_ms:.0f} ms) is too large next to the prefill of "
-            f"{largest} (about {model.ms_per_token * n_max:.0f} ms) to tell a skipped prefill "
-            "from a real one",
+            f"not judged: TTFT noise ({model.scale_ms:.0f} ms) is too large next to the prefill "
+            f"of {largest} (about {model.ms_per_token * n_max:.0f} ms) to tell a skipped "
+            f"prefill from a real one; the rule applies from {model.min_eligible_tokens:.0f} "
+            "tokens",
             run,
         )
     summary = (

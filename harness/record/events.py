@@ -106,6 +106,9 @@ class TimingFitted:
     t_wall: float
     final: bool = False
     """Written after the run's last request: the fit every deferred judgement used."""
+    not_judged: str | None = None
+    """Why timing could not judge the answers so far (no fit, every prompt too short for
+    the rule); None when it could. Reports and check 6 say "not judged" with this reason."""
 
 
 @dataclass(frozen=True, slots=True)

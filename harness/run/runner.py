@@ -317,12 +317,14 @@ class Runner:
     def _record_timing_model(self, *, final: bool = False) -> None:
         """Journal the timing detector's model whenever it changes (it refits at a growing
         sample count, so a long run writes O(log n) of these), and once more at the end."""
-        model = self._detectors.timing.model
+        timing = self._detectors.timing
+        model = timing.model
         if model is self._journaled_model and not final:
             return
         self._journaled_model = model
         fitted = model.to_dict() if model is not None else None
-        self._emit(TimingFitted(fitted, t_wall=time.time(), final=final))
+        not_judged = timing.not_judged if final else None
+        self._emit(TimingFitted(fitted, t_wall=time.time(), final=final, not_judged=not_judged))
 
     def _cancelled(self, plan: RequestPlan, t_scheduled_ns: int) -> Observation:
         return Observation(

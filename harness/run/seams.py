@@ -60,6 +60,9 @@ class TimingChecker(Protocol):
     @property
     def model(self) -> TtftModel | None: ...
 
+    @property
+    def not_judged(self) -> str | None: ...
+
 
 class CanaryRegistry(Protocol):
     """The live canary index (`canaries.CanaryIndex`)."""

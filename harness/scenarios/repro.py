@@ -21,7 +21,7 @@ import httpx
 
 from canaries.errors import ConfigError, RunIncomplete
 from harness.detectors.timing import TimingDetector
-from harness.record.events import FindingRecorded, Limits, RunFinished
+from harness.record.events import FindingRecorded, Limits, RunFinished, TimingFitted
 from harness.record.journal import JOURNAL_NAME
 from harness.record.verdict import Reproduction
 from harness.run import wiring
@@ -203,6 +203,10 @@ async def _run(
             if ended != "error":
                 for finding in timing.finish():
                     journal.emit(FindingRecorded(finding, t_wall=time.time()))
+                model = timing.model.to_dict() if timing.model is not None else None
+                journal.emit(
+                    TimingFitted(model, time.time(), final=True, not_judged=timing.not_judged)
+                )
             journal.emit(RunFinished(ended, time.time(), steps.num_requests, message))
             journal.close()
         return ended

@@ -178,6 +178,10 @@ class DeferredFinish:
     def model(self) -> TtftModel | None:
         return self._timing.model
 
+    @property
+    def not_judged(self) -> str | None:
+        return self._timing.not_judged
+
 
 class _DropAfter:
     """A sender that drops each connection `seconds` after sending it (a client giving up)."""

@@ -195,13 +195,16 @@ def test_model_rule_arithmetic() -> None:
     )
     assert model.predict(1000) == pytest.approx(110.0)
     assert model.lower_bound(1000) == pytest.approx(102.0)
-    assert model.threshold(1000) == pytest.approx(52.0)
-    # eligible once 0.5 * 0.1 * n >= 2 * 4 * 2, i.e. n >= 320
-    assert model.min_eligible_tokens == pytest.approx(320.0)
-    assert not model.eligible(319)
-    assert model.eligible(320)
-    assert model.is_fast(1000, 51.9)
-    assert not model.is_fast(1000, 52.1)
+    assert model.threshold(1000) == pytest.approx(55.0)  # half of 10 + 0.1 * 1000
+    # eligible from max(prefill 5 / 0.1 = 50, bar above the intercept 10 * 0.5 / 0.05 = 100,
+    # real prefill 4 scales above the bar (8 - 5) / 0.05 = 60) = 100 tokens
+    assert model.min_eligible_tokens == pytest.approx(100.0)
+    assert not model.eligible(99)
+    assert model.eligible(100)
+    assert model.is_fast(1000, 54.9)
+    assert not model.is_fast(1000, 55.1)
+    low = TtftModel.from_dict({**model.to_dict(), "ms_per_token_low": 0.05})
+    assert low.threshold(1000) == pytest.approx(30.0)  # the slope's lower bound is used
     assert model.to_dict()["num_samples"] == 100
 
 
@@ -226,3 +229,73 @@ def test_one_sided_contention_delays_do_not_disable_the_check() -> None:
     skipped = traffic.send(2048, ttft_ms=INTERCEPT_MS + 1.0, expected="reject")
     traffic.finish()
     assert flagged(traffic.findings) == {skipped}
+
+
+def hogged_ttft(rng: random.Random, num_tokens: int) -> float:
+    """Both cores busy: every first token waits, by a lot and by varying amounts."""
+    ttft = (INTERCEPT_MS + MS_PER_TOKEN * num_tokens) * rng.uniform(1.2, 2.0)
+    return ttft + rng.expovariate(1 / 20.0)
+
+
+HOG_SIZES = (*SIZES, 3072, 4096)
+
+
+def test_under_a_cpu_hog_skipped_prefills_within_the_context_are_still_flagged() -> None:
+    """The spread of a loaded machine must not push the bar below zero or past the context.
+
+    (The rule before this one, `intercept + f * slope * n - k * scale`, judged such a fit only
+    from about 5,000 tokens on: above a 4,096-token context, so it passed vacuously.)
+    """
+    for seed in range(3):
+        rng = random.Random(seed)
+        traffic = Traffic(TimingDetector(), seed=seed)
+        for _ in range(200):
+            num_tokens = rng.choice(HOG_SIZES)
+            traffic.send(num_tokens, hogged_ttft(rng, num_tokens))
+        skipped = {
+            traffic.send(4096, ttft_ms=hogged_ttft(rng, 1), expected="reject", prompt_tokens=1)
+            for _ in range(6)
+        }
+        traffic.finish()
+        model = traffic.detector.model
+        assert model is not None and model.threshold(4096) > 0
+        assert model.min_eligible_tokens < 4096
+        assert flagged(traffic.findings) == skipped, seed
+        assert traffic.detector.not_judged is None
+
+
+def test_real_prefills_under_a_cpu_hog_are_never_flagged() -> None:
+    for seed in range(5):
+        rng = random.Random(seed)
+        traffic = Traffic(TimingDetector(), seed=seed)
+        for i in range(300):
+            num_tokens = rng.choice(HOG_SIZES)
+            hog = i % 50 < 25  # the hog comes and goes
+            ttft = hogged_ttft(rng, num_tokens) if hog else honest_ttft(rng, num_tokens)
+            traffic.send(num_tokens, ttft)
+        traffic.finish()
+        assert traffic.findings == [], seed
+
+
+def test_no_online_judgement_from_a_fit_of_the_first_few_answers() -> None:
+    """The first batch, all slowed by contention, fits a line far above the real one; an
+    honest answer judged against it online would be a false alarm. It waits for the end."""
+    traffic = Traffic(TimingDetector(min_samples=8, min_online_samples=32), seed=3)
+    for num_tokens in SIZES * 2:  # 16 answers, all five times slower than they will be
+        traffic.send(num_tokens, 5 * (INTERCEPT_MS + MS_PER_TOKEN * num_tokens))
+    early = traffic.send(2048, INTERCEPT_MS + MS_PER_TOKEN * 2048)  # a real, unslowed prefill
+    assert traffic.findings == []
+    traffic.honest(400)
+    traffic.finish()
+    assert early not in flagged(traffic.findings)
+
+
+def test_not_judged_says_why() -> None:
+    detector = TimingDetector()
+    assert detector.not_judged is not None and "no TTFT fit" in detector.not_judged
+    traffic = Traffic(detector, seed=5)
+    for _ in range(100):
+        traffic.send(traffic.rng.choice((16, 24, 32)))  # prompts far too short to time
+    traffic.finish()
+    reason = detector.not_judged
+    assert reason is not None and "the longest answered prompt had 32" in reason
