@@ -1,21 +1,31 @@
 """Counting tokens with the target server's own tokenizer, over HTTP.
 
-SGLang serves `POST /v1/tokenize` and vLLM `POST /tokenize`; both take
-`{"prompt": text, "add_special_tokens": false}` and answer
-`{"tokens": [...], "count": N, "max_model_len": M}`. vLLM's route also takes
-`{"messages": [...]}` and renders the chat template, which is how `chat_overhead`
-measures what a chat request adds around the user's text; SGLang's route has no chat
-form, so there `chat_overhead` is a `CanaryError` and the caller declares the overhead.
+Each engine has its own tokenize convention (`Convention`), all answering with the text's
+token ids, none of them with the special tokens a request adds (BOS, chat template):
 
-`style="auto"` tries SGLang's route first and falls back to vLLM's on 404/405, then
-remembers which one answered. The caller owns the `httpx.AsyncClient` (timeouts, limits,
-transport: tests pass `httpx.MockTransport`). Transport errors are httpx's, left to the
-caller; a missing route or a malformed answer is a `CanaryError`.
+    sglang     POST /v1/tokenize  {"prompt": text, "add_special_tokens": false}
+               -> {"tokens": [...], "count": N, "max_model_len": M}
+    vllm       POST /tokenize     the same body and answer (also SGLang's native route);
+               also takes {"messages": [...]} and renders the chat template
+    llamacpp   POST /tokenize     {"content": text, "add_special": false,
+               "with_pieces": false} -> {"tokens": [...]} (ids, or {"id", "piece"} objects)
+
+`style="auto"` tries them in that order and keeps the first whose counts are *plausible*:
+more than 0 tokens for non-empty text, and more for a longer text (llama.cpp answers the
+others' body `{"prompt": ...}` with `200 {"tokens": []}`, which must not pass for a count).
+An implausible count from a fixed style is a `CanaryError` naming the endpoint.
+
+`chat_overhead` measures what vLLM's chat template adds around a user message; the other
+routes have no chat form (the harness measures it from a calibration request instead).
+The caller owns the `httpx.AsyncClient`; transport errors are httpx's, left to the caller;
+a missing route, a malformed answer or an implausible count is a `CanaryError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -23,10 +33,28 @@ import httpx
 from canaries.errors import CanaryError
 from canaries.shape import TAG, WORDS
 
-Style = Literal["auto", "sglang", "vllm"]
-_ROUTES: dict[str, str] = {"sglang": "/v1/tokenize", "vllm": "/tokenize"}
+Style = Literal["auto", "sglang", "vllm", "llamacpp"]
+STYLES: tuple[Style, ...] = ("sglang", "vllm", "llamacpp")
 # a user message shaped like kvcanary prompts: a leading space and the tag first
 _PROBE = " ".join(["", TAG, *WORDS[:6], "The river was quiet."])
+_SHORT = " The river was quiet."
+_LONG = _SHORT * 4
+
+
+@dataclass(frozen=True, slots=True)
+class Convention:
+    """How one engine's tokenize route is called."""
+
+    route: str
+    text_field: str
+    flags: Mapping[str, bool]
+
+
+CONVENTIONS: dict[str, Convention] = {
+    "sglang": Convention("/v1/tokenize", "prompt", {"add_special_tokens": False}),
+    "vllm": Convention("/tokenize", "prompt", {"add_special_tokens": False}),
+    "llamacpp": Convention("/tokenize", "content", {"add_special": False, "with_pieces": False}),
+}
 
 
 class RemoteTokenizer:
@@ -41,38 +69,67 @@ class RemoteTokenizer:
         headers: Mapping[str, str] | None = None,
         model: str | None = None,
     ) -> None:
-        if style not in ("auto", "sglang", "vllm"):
-            raise CanaryError(f"tokenizer style must be auto, sglang or vllm, got {style!r}")
+        if style != "auto" and style not in CONVENTIONS:
+            raise CanaryError(f"tokenizer style must be auto, {', '.join(STYLES)}, got {style!r}")
         self._client = client
         self._base_url = base_url.rstrip("/")
         self._style: Style = style
         self._headers = dict(headers or {})
         self._model = model
+        self._validated = False
+        self._detecting = asyncio.Lock()
         self.max_model_len: int | None = None
         """The server's context length, as its last tokenize answer gave it."""
 
     @property
     def style(self) -> Style:
-        """ "sglang" or "vllm" once known; "auto" before the first answer."""
+        """The convention in use once known; "auto" before the first answer."""
         return self._style
+
+    @property
+    def endpoint(self) -> str:
+        """The tokenize URL in use (or the first to try, before detection)."""
+        style = self._style if self._style != "auto" else STYLES[0]
+        return self._base_url + CONVENTIONS[style].route
+
+    async def detect(self) -> Style:
+        """Find (or, for a fixed style, validate) the convention whose counts are plausible.
+
+        The start-up check: a CanaryError naming every endpoint tried and what was wrong.
+        """
+        async with self._detecting:  # concurrent first calls detect once
+            if self._validated:
+                return self._style
+            styles = STYLES if self._style == "auto" else (self._style,)
+            problems: list[str] = []
+            for style in styles:
+                problem = await self._validate(style)
+                if problem is None:
+                    self._style, self._validated = style, True
+                    return style
+                problems.append(problem)
+        raise CanaryError("no usable tokenize route: " + "; ".join(problems))
 
     async def encode(self, text: str) -> list[int]:
         """The server's token ids for `text`, without special tokens."""
-        tokens, _ = await self._tokenize({"prompt": text, "add_special_tokens": False})
-        return tokens
+        return await self._tokenize(text)
 
     async def count(self, text: str) -> int:
         """How many tokens the server makes of `text`, without special tokens."""
-        _, count = await self._tokenize({"prompt": text, "add_special_tokens": False})
-        return count
+        tokens = await self._tokenize(text)
+        if text and not tokens:
+            raise CanaryError(f"{self.endpoint} counted 0 tokens for {len(text)} characters")
+        return len(tokens)
 
     async def chat_overhead(self, model: str) -> int:
         """Tokens the chat template adds around one user message (with the generation
         prompt), measured as tokens(messages) - tokens(bare content). vLLM only."""
-        if self._style == "sglang":
+        if self._style == "auto":
+            await self.detect()
+        if self._style != "vllm":
             raise CanaryError(
-                "SGLang's /v1/tokenize does not render chat templates; declare the chat "
-                "overhead in tokens instead"
+                f"{self.endpoint} ({self._style}) does not render chat templates; measure "
+                "the chat overhead from a request instead"
             )
         body = {
             "model": model,
@@ -85,44 +142,74 @@ class RemoteTokenizer:
                 f"{self._base_url}/tokenize cannot tokenize chat messages "
                 f"(HTTP {response.status_code}); declare the chat overhead in tokens instead"
             )
-        _, with_template = self._parse(response)
+        with_template = len(self._parse(response))
         bare = await self.count(_PROBE)
         overhead = with_template - bare
         if overhead < 0:
             raise CanaryError(f"chat template overhead came out negative ({overhead})")
         return overhead
 
-    async def _tokenize(self, body: dict[str, Any]) -> tuple[list[int], int]:
-        if self._model is not None:
+    async def _validate(self, style: Style) -> str | None:
+        """None if `style`'s route gives plausible counts; else what was wrong, in words."""
+        url = self._base_url + CONVENTIONS[style].route
+        try:
+            short = len(await self._tokenize_as(style, _SHORT))
+            long = len(await self._tokenize_as(style, _LONG))
+        except CanaryError as exc:
+            return f"{style}: {exc}"  # the message names the URL
+        if short == 0:
+            return f"{style}: {url} counted 0 tokens for non-empty text {_SHORT!r}"
+        if long <= short:
+            return (
+                f"{style}: {url} counted {long} tokens for a text 4x as long as one of "
+                f"{short} tokens (the count does not grow with the text)"
+            )
+        return None
+
+    async def _tokenize(self, text: str) -> list[int]:
+        if self._style == "auto":
+            await self.detect()
+        assert self._style != "auto"
+        return await self._tokenize_as(self._style, text)
+
+    async def _tokenize_as(self, style: Style, text: str) -> list[int]:
+        convention = CONVENTIONS[style]
+        body: dict[str, Any] = {convention.text_field: text, **convention.flags}
+        if self._model is not None and style != "llamacpp":
             body = {"model": self._model, **body}
-        styles = ("sglang", "vllm") if self._style == "auto" else (self._style,)
-        for style in styles:
-            response = await self._post(_ROUTES[style], body)
-            if response.status_code in (404, 405) and style != styles[-1]:
-                continue
-            if response.status_code >= 400:
-                raise CanaryError(
-                    f"{self._base_url}{_ROUTES[style]} answered HTTP {response.status_code}: "
-                    f"{response.text[:200]}"
-                )
-            self._style = style  # type: ignore[assignment]
-            return self._parse(response)
-        raise AssertionError("unreachable: the last style either answers or raises")
+        response = await self._post(convention.route, body)
+        if response.status_code >= 400:
+            raise CanaryError(
+                f"{self._base_url}{convention.route} answered HTTP {response.status_code}: "
+                f"{response.text[:200]}"
+            )
+        return self._parse(response)
 
     async def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
         return await self._client.post(self._base_url + route, json=body, headers=self._headers)
 
-    def _parse(self, response: httpx.Response) -> tuple[list[int], int]:
+    def _parse(self, response: httpx.Response) -> list[int]:
         try:
             payload = response.json()
-            tokens = [int(t) for t in payload["tokens"]]
+            tokens = [_token_id(t) for t in payload["tokens"]]
             count = int(payload.get("count", len(tokens)))
         except (ValueError, KeyError, TypeError) as exc:
             raise CanaryError(
                 f"malformed tokenize answer from {response.request.url}: {response.text[:200]}"
             ) from exc
         if count != len(tokens):
-            raise CanaryError(f"tokenize answer counts {count} but lists {len(tokens)} tokens")
+            raise CanaryError(
+                f"{response.request.url} counts {count} but lists {len(tokens)} tokens"
+            )
         if isinstance(payload.get("max_model_len"), int):
             self.max_model_len = payload["max_model_len"]
-        return tokens, count
+        return tokens
+
+
+def _token_id(token: Any) -> int:
+    """A token id as listed: an int, or llama.cpp's `{"id": ..., "piece": ...}`."""
+    if isinstance(token, dict):
+        return int(token["id"])
+    if isinstance(token, bool):
+        raise TypeError("a boolean is not a token id")
+    return int(token)

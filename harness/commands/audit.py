@@ -1,6 +1,8 @@
 """`kvcanary audit`: does each side's KV pool hold the context the deployment advertises?
 
-Prints one table row per side (pool tokens, context tokens, ratio, verdict), the findings,
+Prints one table row per side (pool tokens, context tokens, ratio, verdict), where each
+figure came from (read from the target, and from which endpoint, or given with
+`--pool-tokens` / `--context-tokens` for what the target does not report), the findings,
 and, for any side whose pool could not be read, every request that was tried. `--json`
 prints the same as one JSON object instead. Credentials are read from the environment
 variable named by `--api-key-env` and never printed.
@@ -33,9 +35,11 @@ def register(subparsers: Any) -> None:
         help="check that each side's KV pool can hold the advertised context",
         description=(
             "Read the KV pool size and context length each serving side reports (SGLang "
-            "/get_server_info, vLLM /metrics, /v1/models) and flag every side whose pool is "
-            "smaller than the context clients are told they may send. With --probe, confirm "
-            "by sending one prompt just above the smallest pool and checking it is refused."
+            "/get_server_info, vLLM /metrics and /v1/models, llama.cpp /props, /slots and "
+            "/v1/models) and flag every side whose pool is smaller than the context clients "
+            "are told they may send. --pool-tokens/--context-tokens supply figures the target "
+            "does not report. With --probe, confirm by sending one prompt just above the "
+            "smallest pool and checking it is refused."
         ),
         epilog=(
             "Exit status: 0 clean, 1 findings, 2 usage error, 3 inconclusive (target "
@@ -72,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
                 probe=options["probe"],
                 model=options["model"],
                 headers=headers,
+                pool_tokens=options["pool_tokens"],
+                context_tokens=options["context_tokens"],
             )
 
     result = asyncio.run(audit())
@@ -123,6 +129,10 @@ def _print_result(result: AuditResult) -> None:
                 f"[{styles.get(side.verdict, 'bold red')}]{side.verdict}[/]",
             )
         console.print(table)
+    if result.figures:
+        say("figures:")
+    for figure in result.figures:
+        console.print(f"  {figure.describe()}", markup=False, soft_wrap=True)
     unknown = [s for s in result.sides if s.verdict is SideVerdict.UNKNOWN]
     if not result.sides or unknown:
         what = "; ".join(f"{s.side.role} {redact_url(s.side.url)}: {s.reason}" for s in unknown)

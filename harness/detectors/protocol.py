@@ -7,8 +7,11 @@ Two findings, both decidable from one plan and its observation:
   target answered with a 2xx status. A safe target rejects such a prompt (400/413/422...);
   a vulnerable one answers it from pages it never filled. A 2xx status counts even if the
   stream later broke: the target accepted the request.
-- `prompt_tokens_mismatch` (high): `usage.prompt_tokens` is present and differs from
-  `plan.num_prompt_tokens` by more than the tolerance. Plans carry exact counts in the
+- `prompt_tokens_mismatch` (high): `usage.prompt_tokens`, net of the special tokens the
+  server adds to every prompt of the plan's API (`prompt_token_offsets`, measured once at start
+  by `harness.target.calibration`: llama.cpp's BOS is +1 on completions), is present and
+  differs from `plan.num_prompt_tokens` by more than the tolerance, so like is compared with
+  like and the finding names the offset. Plans carry exact counts in the
   target's tokenizer, chat-template overhead included, so the default tolerance is 0 tokens;
   `tolerance_tokens` (all APIs) and `chat_tolerance_tokens` (chat only, for a template
   whose overhead the plan could not count exactly) loosen it. A count that is tiny next to
@@ -24,6 +27,8 @@ timing detector), and does not judge rejections of requests a safe target should
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from canaries.errors import ConfigError
 from harness.record.events import Limits
@@ -44,7 +49,10 @@ class ProtocolDetector:
         tolerance_tokens: int = 0,
         chat_tolerance_tokens: int | None = None,
         tiny_usage_fraction: float = 0.05,
+        prompt_token_offsets: Mapping[str, int] | None = None,
     ) -> None:
+        """`prompt_token_offsets`: per API (`completions`, `chat`), the tokens the server adds
+        to every prompt, as calibration measured them (absent: 0)."""
         if tolerance_tokens < 0 or (
             chat_tolerance_tokens is not None and chat_tolerance_tokens < 0
         ):
@@ -59,6 +67,7 @@ class ProtocolDetector:
             tolerance_tokens if chat_tolerance_tokens is None else chat_tolerance_tokens
         )
         self.tiny_usage_fraction = tiny_usage_fraction
+        self.prompt_token_offsets = dict(prompt_token_offsets or {})
         self.num_checked = 0
         self.num_without_usage = 0
         """Successful responses that carried no `usage.prompt_tokens` (nothing to compare)."""
@@ -74,7 +83,7 @@ class ProtocolDetector:
         if reported is None:
             if _accepted(obs):
                 self.num_without_usage += 1
-        elif abs(reported - plan.num_prompt_tokens) > self._tolerance(plan):
+        elif abs(reported - self._offset(plan) - plan.num_prompt_tokens) > self._tolerance(plan):
             findings.append(self._mismatch(plan, obs, reported))
         return findings
 
@@ -90,6 +99,9 @@ class ProtocolDetector:
         if not crossed and plan.num_prompt_tokens + plan.max_tokens > self.limits.context_tokens:
             crossed.append(("context (prompt + max_tokens)", self.limits.context_tokens))
         return sorted(crossed, key=lambda item: item[1])
+
+    def _offset(self, plan: RequestPlan) -> int:
+        return self.prompt_token_offsets.get(plan.api, 0)
 
     def _tolerance(self, plan: RequestPlan) -> int:
         return self.chat_tolerance_tokens if plan.api == "chat" else self.tolerance_tokens
@@ -130,17 +142,21 @@ class ProtocolDetector:
     def _mismatch(self, plan: RequestPlan, obs: Observation, reported: int) -> Finding:
         planned = plan.num_prompt_tokens
         tolerance = self._tolerance(plan)
+        offset = self._offset(plan)
+        difference = reported - offset - planned
+        net = f", net of the {offset:+d} token(s) the server adds to every {plan.api} prompt"
+        net = net if offset else ""
         tiny = reported <= self.tiny_usage_fraction * planned
         if tiny:
             summary = (
                 f"{plan.tenant}'s {plan.request_id} sent a {planned}-token prompt but the "
-                f"target reported usage.prompt_tokens={reported}: the incident signature of a "
-                f"prompt replaced by a placeholder and never prefilled"
+                f"target reported usage.prompt_tokens={reported}{net}: the incident "
+                f"signature of a prompt replaced by a placeholder and never prefilled"
             )
         else:
             summary = (
                 f"{plan.tenant}'s {plan.request_id} sent {planned} prompt tokens but the target "
-                f"reported usage.prompt_tokens={reported} (off by {reported - planned:+d}, "
+                f"reported usage.prompt_tokens={reported} (off by {difference:+d}{net}, "
                 f"tolerance {tolerance})"
             )
         return Finding(
@@ -153,7 +169,8 @@ class ProtocolDetector:
             details={
                 "num_prompt_tokens": planned,
                 "usage_prompt_tokens": reported,
-                "difference": reported - planned,
+                "special_tokens_offset": offset,
+                "difference": difference,
                 "tolerance_tokens": tolerance,
                 "incident_signature": tiny,
                 "api": plan.api,

@@ -54,6 +54,7 @@ timing test, not a per-request rule).
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,6 +115,8 @@ class TimingDetector:
         self.min_samples = min_samples
         self.min_online_samples = max(min_online_samples, min_samples)
         self._longest_served = 0
+        self._over_limit_served: Counter[int] = Counter()
+        """Answered over-limit prompts by length: the ones the incident skipped."""
         self.num_sigmas = num_sigmas
         self.fraction = fraction
         self.min_prefill_ms = min_prefill_ms
@@ -148,13 +151,22 @@ class TimingDetector:
             )
         if self._longest_served == 0:
             return "no answer had a first token"
+        unjudged = sum(n for size, n in self._over_limit_served.items() if not model.eligible(size))
+        bar = model.min_eligible_tokens
+        applies = (
+            "never (the fitted slope is 0)" if bar == float("inf") else f"from {bar:.0f} tokens"
+        )
+        if unjudged:
+            return (
+                f"{unjudged} of {self._over_limit_served.total()} answered over-limit prompt(s) "
+                f"are too short for the rule next to the TTFT noise ({model.scale_ms:.0f} ms): "
+                f"it applies {applies}, the shortest had {min(self._over_limit_served)}"
+            )
         if not model.eligible(self._longest_served):
-            bar = model.min_eligible_tokens
-            shortest = "never (the fitted slope is 0)" if bar == float("inf") else f"{bar:.0f}"
             return (
                 f"TTFT noise ({model.scale_ms:.0f} ms) hides the prefill of every answered "
-                f"prompt: the rule applies from {shortest} tokens, the longest answered prompt "
-                f"had {self._longest_served}"
+                f"prompt: the rule applies {applies}, the longest answered prompt had "
+                f"{self._longest_served}"
             )
         return None
 
@@ -181,6 +193,8 @@ class TimingDetector:
         )
         self.num_candidates += 1
         self._longest_served = max(self._longest_served, plan.num_prompt_tokens)
+        if plan.expected == "reject":
+            self._over_limit_served[plan.num_prompt_tokens] += 1
         finding = self._evaluate(candidate, when="online")
         if finding is not None:
             return [finding]

@@ -233,8 +233,9 @@ class TargetUnderTest:
 
         config = self.run_config(label, overrides)
         out_dir = Path(str(config.out))
-        out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with (out_dir / "progress.log").open("w", encoding="utf-8") as log:
+        out_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # beside the run directory, which a run wants new or empty
+        with out_dir.with_name(f"{out_dir.name}.progress.log").open("w", encoding="utf-8") as log:
             result = _off_the_loop(run_session, config, file=log, live=False)
         workload = read_result(
             result.out_dir, label=label, verdict=result.verdict, ended=result.outcome.reason
@@ -267,7 +268,7 @@ class TargetUnderTest:
         if self._labels[name] > 1:
             name = f"{name}-{self._labels[name]}"
         path = self.out_root / name
-        while (path / "journal.jsonl").exists():  # an --out reused across sessions
+        while path.exists() and any(path.iterdir()):  # an --out reused across sessions
             self._labels[name] += 1
             path = self.out_root / f"{name}-{self._labels[name]}"
         return path

@@ -86,6 +86,19 @@ class FindingRecorded:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnEchoRecorded:
+    """A response held canary-shaped markers recombined from its own prompt: echoes, no
+    finding (`harness.detectors.own_echo`); the markers' words are all the request's own."""
+
+    request_id: str
+    tenant: str
+    num_markers: int
+    markers: tuple[str, ...]
+    """The first few markers, canonical form."""
+    t_wall: float
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeFinished:
     """An opt-in probe phase reached its own verdict (a `harness.record.verdict.Verdict`:
     `leak`, `clean` or `inconclusive`), with its statistics; findings are recorded apart."""
@@ -112,6 +125,30 @@ class TimingFitted:
 
 
 @dataclass(frozen=True, slots=True)
+class TargetUnhealthy:
+    """The target stopped serving: `num_failed` requests in a row got a 5xx or failed at the
+    connection after it had served requests (`harness.run.health`)."""
+
+    t_wall: float
+    """When the run declared it (the `num_failed`-th failure in a row finished)."""
+    since_t_wall: float
+    """When the first failure of the run of failures was sent."""
+    num_failed: int
+    num_served_before: int
+    """Requests the target had answered (any HTTP status below 500) before it stopped."""
+    first_request_id: str
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetServing:
+    """A target declared unhealthy answered again; `num_failed` requests failed meanwhile."""
+
+    t_wall: float
+    num_failed: int
+
+
+@dataclass(frozen=True, slots=True)
 class RunFinished:
     """The run ended; `reason` is `completed`, `interrupted`, `duration` or `error`."""
 
@@ -126,10 +163,13 @@ Event = (
     | PlanRecorded
     | ObservationRecorded
     | FindingRecorded
+    | OwnEchoRecorded
     | RunStarted
     | RunFinished
     | ProbeFinished
     | TimingFitted
+    | TargetUnhealthy
+    | TargetServing
 )
 
 _TYPE_OF: dict[type, str] = {
@@ -138,9 +178,12 @@ _TYPE_OF: dict[type, str] = {
     PlanRecorded: "plan",
     ObservationRecorded: "observation",
     FindingRecorded: "finding",
+    OwnEchoRecorded: "own_echo",
     RunFinished: "run_finished",
     ProbeFinished: "probe_finished",
     TimingFitted: "timing_fitted",
+    TargetUnhealthy: "target_unhealthy",
+    TargetServing: "target_serving",
 }
 
 
@@ -179,6 +222,9 @@ def from_record(record: dict[str, Any]) -> Event:
         if body.get("offsets") is not None:
             body["offsets"] = tuple(body["offsets"])
         return FindingRecorded(Finding(**body), t_wall=t_wall)
+    if kind == "own_echo":
+        body["markers"] = tuple(body["markers"])
+        return OwnEchoRecorded(**body)
     if kind == "run_started":
         body["limits"] = Limits(**body["limits"])
         body["tenants"] = tuple(body["tenants"])
@@ -191,4 +237,8 @@ def from_record(record: dict[str, Any]) -> Event:
         return ProbeFinished(**body)
     if kind == "timing_fitted":
         return TimingFitted(**body)
+    if kind == "target_unhealthy":
+        return TargetUnhealthy(**body)
+    if kind == "target_serving":
+        return TargetServing(**body)
     raise ValueError(f"unknown journal record type {kind!r}")

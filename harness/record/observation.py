@@ -53,6 +53,10 @@ class Observation:
     finish_reason: str | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
+    retry: str | None = None
+    """Set when the first attempt failed on a reused keep-alive connection before any byte of
+    the answer arrived: what it failed with. Everything above is the second attempt's, sent
+    on a fresh connection (`harness.target.keepalive`)."""
 
     @property
     def ok(self) -> bool:

@@ -43,10 +43,31 @@ def interrupts(runner: Stoppable, display: ProgressDisplay) -> Iterator[None]:
             display.note("cancelling requests in flight")
             runner.cancel()
 
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     loop.add_signal_handler(signal.SIGTERM, runner.stop)
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        loop.remove_signal_handler(signal.SIGTERM)
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)  # which resets to the default: put ours back
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI job's timeout, `kill`) raises KeyboardInterrupt in the main thread for
+    the duration of the block, so what was journaled is still reported or the way to report
+    it is printed. Inside a run, `interrupts` takes over (SIGTERM is a first Ctrl-C)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -188,9 +188,17 @@ OPTIONS: tuple[Option, ...] = (
         "second, on an absolute clock (lateness is recorded as queue time).",
         metavar="R",
     ),
-    _count("pool_tokens", None, "The target's KV pool size in tokens (default: ask the target)."),
     _count(
-        "context_tokens", None, "The target's context length in tokens (default: ask the target)."
+        "pool_tokens",
+        None,
+        "The target's KV pool size in tokens (default: ask the target).",
+        (*_RUNS, "audit"),
+    ),
+    _count(
+        "context_tokens",
+        None,
+        "The target's context length in tokens (default: ask the target).",
+        (*_RUNS, "audit"),
     ),
     _count(
         "page_size",

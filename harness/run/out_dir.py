@@ -13,6 +13,7 @@ how the settings name them.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import secrets
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from canaries.errors import ConfigError
-from harness.record.events import PlanRecorded, RunStarted
+from harness.record.events import ObservationRecorded, PlanRecorded, RunStarted
 from harness.record.journal import JournalWarning, journal_segments, read_journal
 from harness.run.config import RunConfig
 
@@ -41,6 +42,8 @@ class RunIdentity:
     next_request: int
     """The first request number this session plans (numbering continues on resume)."""
     resumed: bool
+    elapsed_s: float = 0.0
+    """Run time spent by earlier sessions (a resumed soak continues its clock from here)."""
 
 
 def default_out_dir(now: datetime | None = None) -> Path:
@@ -74,20 +77,34 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, RunIdentity]:
 
 
 def fresh_out_dir(out: str | Path | None, *, hint: str = "") -> Path:
-    """`out` (default: a new timestamped directory) if it holds no run yet."""
+    """`out` (default: a new timestamped directory) if it holds no run, or nothing at all.
+
+    A directory with other files is refused too: evidence files of an earlier run beside a
+    new journal would be read as this run's.
+    """
     out_dir = _usable_out_dir(out)
     if out_dir.is_dir() and journal_segments(out_dir):
         raise ConfigError(
             f"--out {out_dir} already holds a run; choose another directory"
             + hint.format(out_dir=out_dir)
         )
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        raise ConfigError(f"--out {out_dir} is not empty; choose a new or an empty directory")
     return out_dir
 
 
 def _usable_out_dir(out: str | Path | None) -> Path:
+    """`out` if a run could write there: checked before anything starts, created nothing."""
     out_dir = Path(out) if out is not None else default_out_dir()
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} exists and is not a directory")
+    existing = out_dir
+    while not existing.exists():  # the nearest ancestor that exists must be a writable dir
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--out {out_dir}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out_dir}: {existing} is not writable")
     return out_dir
 
 
@@ -107,13 +124,20 @@ def target_key(settings: dict[str, Any]) -> str:
 def _resume(out_dir: Path, config: RunConfig) -> RunIdentity:
     started: RunStarted | None = None
     num_plans = next_request = 0
+    elapsed_s = 0.0
+    session: list[float] = []  # this session's first and last wall times
     with warnings.catch_warnings():
         # a torn last line is what a killed soak leaves behind: expected here
         warnings.simplefilter("ignore", JournalWarning)
         for event in read_journal(out_dir):
+            t_wall = _t_wall(event)
             if isinstance(event, RunStarted):
                 started = started or event
-            elif isinstance(event, PlanRecorded):
+                elapsed_s += session[-1] - session[0] if session else 0.0
+                session = [event.t_wall]
+            elif t_wall is not None and session:
+                session[1:] = [max(t_wall, session[-1])]
+            if isinstance(event, PlanRecorded):
                 num_plans += 1
                 number = re.search(r"(\d+)$", event.plan.request_id)
                 if number is not None:
@@ -131,5 +155,20 @@ def _resume(out_dir: Path, config: RunConfig) -> RunIdentity:
             f"--out {out_dir} holds a run with {' and '.join(mismatches)}; use another --out, "
             "or --force to continue it anyway"
         )
+    elapsed_s += session[-1] - session[0] if session else 0.0
     seed = config.seed if config.seed is not None else started.seed
-    return RunIdentity(started.run_id, seed, num_plans, max(next_request, num_plans), resumed=True)
+    return RunIdentity(
+        started.run_id,
+        seed,
+        num_plans,
+        max(next_request, num_plans),
+        resumed=True,
+        elapsed_s=elapsed_s,
+    )
+
+
+def _t_wall(event: object) -> float | None:
+    if isinstance(event, ObservationRecorded):
+        return event.observation.t_wall
+    value = getattr(event, "t_wall", None)
+    return float(value) if isinstance(value, int | float) else None

@@ -16,7 +16,9 @@ For every request, in this order: its canaries join the live index with their ow
 plan is journaled (before anything is sent, so a killed run loses at most what was in
 flight); each streamed chunk goes to the content detector, whose findings are journaled as
 they appear; the observation is journaled with its text redacted to the canary spans (unless
-raw evidence was asked for); then the protocol and timing detectors' findings.
+raw evidence was asked for); then the protocol and timing detectors' findings; then
+`target_unhealthy` / `target_serving` when the target stopped / resumed serving
+(`harness.run.health`; `RunOutcome.target_unhealthy` keeps the declaration).
 
 `stop()` (the first Ctrl-C) stops sending and gives requests in flight `grace_s` to finish
 before cancelling them; `cancel()` (the second) cancels them at once. Either way the run ends
@@ -44,12 +46,14 @@ from harness.record.events import (
     PhaseStarted,
     PlanRecorded,
     RunFinished,
+    TargetUnhealthy,
     TimingFitted,
 )
 from harness.record.finding import Finding
 from harness.record.observation import Observation
 from harness.record.ttft_model import TtftModel
 from harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
+from harness.run.health import HealthTracker
 from harness.run.phases import Budget, Phase, Workload, default_phases
 from harness.run.seams import (
     CanaryRegistry,
@@ -76,6 +80,8 @@ class RunOutcome:
     errors: Counter[str] = field(default_factory=Counter)
     """Observations by `error_kind` (rejections are `http_status`)."""
     findings: Counter[str] = field(default_factory=Counter)
+    target_unhealthy: TargetUnhealthy | None = None
+    """Set when the target stopped serving during the run (`harness.run.health`)."""
 
 
 class Runner:
@@ -96,6 +102,7 @@ class Runner:
         grace_s: float = DEFAULT_GRACE_S,
         clock: Clock | None = None,
         num_previous_requests: int = 0,
+        elapsed_before_s: float = 0.0,
     ) -> None:
         self._sender = sender
         self._tenants = dict(tenants)
@@ -107,9 +114,12 @@ class Runner:
         self._pacing = pacing
         self._budget = budget
         self._keep_raw_evidence = keep_raw_evidence
+        self._health = HealthTracker()
         self._grace_s = grace_s
         self._clock = clock or MonotonicClock()
         self._num_previous_requests = num_previous_requests
+        self._elapsed_before_s = elapsed_before_s
+        """A resumed soak's earlier sessions: its duration and phase schedule continue."""
         self._stopping = asyncio.Event()
         self._interrupted = False
         self._busy: set[asyncio.Task[None]] = set()
@@ -262,7 +272,7 @@ class Runner:
                 return None
             return self._num_taken / budget.num_requests
         assert budget.duration_s is not None
-        elapsed_s = (t_ns - self._t0_ns) / 1e9
+        elapsed_s = self._elapsed_before_s + (t_ns - self._t0_ns) / 1e9
         if elapsed_s >= budget.duration_s:
             return None
         cycle_s = min(budget.cycle_s or budget.duration_s, budget.duration_s)
@@ -312,6 +322,8 @@ class Runner:
         self._emit(ObservationRecorded(obs))
         for finding in findings:
             self._emit_finding(finding)
+        for event in self._health.observe(obs, time.time()):
+            self._emit(event)
         self._record_timing_model()
 
     def _record_timing_model(self, *, final: bool = False) -> None:
@@ -352,6 +364,8 @@ class Runner:
                 outcome.errors[event.observation.error_kind] += 1
         elif isinstance(event, FindingRecorded):
             outcome.findings[str(event.finding.kind)] += 1
+        elif isinstance(event, TargetUnhealthy):
+            outcome.target_unhealthy = event
         self._emit_event(event)
 
 

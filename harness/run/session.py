@@ -24,12 +24,15 @@ from typing import IO, Any
 import httpx
 
 from canaries import Tokenizer
+from canaries.errors import RunIncomplete
 from harness.record.events import Limits
+from harness.record.journal import JOURNAL_NAME
 from harness.record.verdict import Verdict
 from harness.run import wiring
 from harness.run.arrivals import ClosedLoop, Pacing, PoissonArrivals
 from harness.run.config import RunConfig
-from harness.run.interrupts import interrupts
+from harness.run.interrupts import interrupts, sigterm_as_interrupt
+from harness.run.option_values import format_duration
 from harness.run.out_dir import RunIdentity, prepare_run_dir
 from harness.run.progress import ProgressDisplay
 from harness.run.runner import Budget, Runner, RunOutcome, Workload, default_phases
@@ -57,7 +60,10 @@ class RunResult:
 
     @property
     def exit_status(self) -> int:
-        """0 clean, 1 findings, 3 no verdict (DESIGN.md, "Run output contract")."""
+        """0 clean, 1 findings, 3 no verdict (DESIGN.md, "Run output contract"); a clean
+        verdict whose reports could not all be written is 3, never 0 with reports missing."""
+        if self.render_errors and self.verdict is Verdict.CLEAN:
+            return Verdict.INCONCLUSIVE.exit_status
         return self.verdict.exit_status
 
 
@@ -84,18 +90,19 @@ def run_session(
     display = ProgressDisplay(
         num_requests=config.num_requests, duration_s=config.duration, file=file, live=live
     )
-    if config.target is not None:
-        outcome = asyncio.run(_run(setup, config.target, display))
-    else:
-        engine = wiring.bundled_engine(
-            config.engine_preset,
-            fixes=config.engine_fix,
-            overrides={"prefix_cache": True} if config.engine_prefix_cache else None,
-            display=display,
-        )
-        with engine as base_url:
-            outcome = asyncio.run(_run(setup, base_url, display))
-    rendered = wiring.render(out_dir, keep_raw_evidence=config.keep_raw_evidence, display=display)
+    with sigterm_as_interrupt():
+        try:
+            outcome = _run_on_target(setup, display)
+            rendered = wiring.render(
+                out_dir, keep_raw_evidence=config.keep_raw_evidence, display=display
+            )
+        except KeyboardInterrupt:
+            if not (out_dir / JOURNAL_NAME).exists():
+                raise
+            raise RunIncomplete(
+                f"interrupted; the journal is complete: reports not rendered; run "
+                f"`kvcanary report {out_dir}`"
+            ) from None
     return RunResult(
         out_dir=out_dir,
         outcome=outcome,
@@ -104,6 +111,20 @@ def run_session(
         outputs=dict(rendered.paths),
         render_errors=dict(rendered.errors),
     )
+
+
+def _run_on_target(setup: _Setup, display: ProgressDisplay) -> RunOutcome:
+    config = setup.config
+    if config.target is not None:
+        return asyncio.run(_run(setup, config.target, display))
+    engine = wiring.bundled_engine(
+        config.engine_preset,
+        fixes=config.engine_fix,
+        overrides={"prefix_cache": True} if config.engine_prefix_cache else None,
+        display=display,
+    )
+    with engine as base_url:
+        return asyncio.run(_run(setup, base_url, display))
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +195,14 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                 budget=_budget(config),
                 keep_raw_evidence=config.keep_raw_evidence,
                 num_previous_requests=identity.num_previous_requests,
+                elapsed_before_s=identity.elapsed_s,
             )
             display.note(f"journal: {journal.path}")
+            if identity.resumed:
+                display.note(
+                    f"resuming run {identity.run_id}: {identity.num_previous_requests} "
+                    f"request(s) and {format_duration(identity.elapsed_s)} already done"
+                )
             with display, wiring.frozen_heap():
                 with interrupts(runner, display):
                     async with soak_tasks(config, setup.out_dir, journal.writer, display):
@@ -227,6 +254,7 @@ async def _cache_probe(
 def _settings(config: RunConfig, identity: RunIdentity) -> dict[str, Any]:
     settings = config.to_record()
     settings["resumed"] = identity.resumed
+    settings["elapsed_before_s"] = identity.elapsed_s
     # the budget and pacing as applied, defaults included
     settings["num_requests"] = config.num_requests
     settings["num_workers"] = config.num_workers

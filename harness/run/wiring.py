@@ -39,6 +39,7 @@ from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
 from harness.record.events import Event, Limits, RunStarted
 from harness.record.journal import JOURNAL_NAME, JournalWriter
+from harness.run.interrupts import sigterm_as_interrupt
 from harness.run.progress import ProgressDisplay
 from harness.run.seams import Detectors, TimingChecker
 from harness.target.client import TargetClient, make_http_client
@@ -324,10 +325,23 @@ async def cache_probe(
 
 
 def render(out_dir: Path, *, keep_raw_evidence: bool, display: ProgressDisplay) -> RenderResult:
-    """The reports from the journal; an output that could not be written is noted, not raised."""
-    from reports.render import render_run
+    """The reports from the journal; an output that could not be written is noted, not raised.
 
-    result = render_run(out_dir, keep_raw_evidence=keep_raw_evidence)
+    Ctrl-C or SIGTERM (a CI job's timeout) while the reports are written leaves the journal
+    complete and says how to render them: a `RunIncomplete` (exit 3).
+    """
+    try:
+        with sigterm_as_interrupt():
+            from reports.render import render_run  # seconds of imports: interruptible too
+
+            result = render_run(out_dir, keep_raw_evidence=keep_raw_evidence)
+    except KeyboardInterrupt:
+        raise RunIncomplete(
+            f"interrupted while writing the reports; the journal is complete: reports not "
+            f"rendered; run `kvcanary report {out_dir}`"
+        ) from None
     for name, error in result.errors.items():
         display.note(f"report output {name} could not be written: {error}")
+    if result.errors:
+        display.note(f"reports incomplete; when the cause is fixed run `kvcanary report {out_dir}`")
     return result

@@ -25,6 +25,7 @@ from harness.record.events import FindingRecorded, Limits, RunFinished, TimingFi
 from harness.record.journal import JOURNAL_NAME
 from harness.record.verdict import Reproduction
 from harness.run import wiring
+from harness.run.interrupts import sigterm_as_interrupt
 from harness.run.out_dir import fresh_out_dir, new_run_id
 from harness.run.progress import ProgressDisplay
 from harness.scenarios.judge import ReproResult, StepReport, judge
@@ -69,40 +70,50 @@ def run_repro(
     reports: list[StepReport] = []
     ended = "completed"
     why: tuple[str, ...] = ()
-    try:
-        if url is not None:
-            ended = asyncio.run(
-                _run(
-                    scenario, url, out_dir, tenants, display, keep_raw_evidence, transport, reports
-                )
-            )
-        else:
-            assert scenario.engine is not None
-            engine = wiring.bundled_engine(
-                scenario.engine.preset,
-                fixes=scenario.engine.fixes,
-                overrides=scenario.engine.overrides,
-                processes=engine_processes,
-                display=display,
-            )
-            with engine as url:
+    with sigterm_as_interrupt():  # a CI job's timeout still gets the evidence rendered
+        try:
+            if url is not None:
                 ended = asyncio.run(
                     _run(
-                        scenario, url, out_dir, tenants, display, keep_raw_evidence, transport,
+                        scenario,
+                        url,
+                        out_dir,
+                        tenants,
+                        display,
+                        keep_raw_evidence,
+                        transport,
                         reports,
                     )
-                )  # fmt: skip
-    except RunIncomplete as exc:
-        if not (out_dir / JOURNAL_NAME).exists():
-            return ReproResult(scenario, Reproduction.INCONCLUSIVE, (str(exc),), None, target=url)
-        ended, why = "error", (str(exc),)
-    except KeyboardInterrupt:
-        if not (out_dir / JOURNAL_NAME).exists():
-            return ReproResult(
-                scenario, Reproduction.INCONCLUSIVE, ("interrupted",), None, target=url
-            )
-        ended = "interrupted"
-    return _finish(scenario, url, out_dir, reports, ended, why, keep_raw_evidence, display)
+                )
+            else:
+                assert scenario.engine is not None
+                engine = wiring.bundled_engine(
+                    scenario.engine.preset,
+                    fixes=scenario.engine.fixes,
+                    overrides=scenario.engine.overrides,
+                    processes=engine_processes,
+                    display=display,
+                )
+                with engine as url:
+                    ended = asyncio.run(
+                        _run(
+                            scenario, url, out_dir, tenants, display, keep_raw_evidence, transport,
+                            reports,
+                        )
+                    )  # fmt: skip
+        except RunIncomplete as exc:
+            if not (out_dir / JOURNAL_NAME).exists():
+                return ReproResult(
+                    scenario, Reproduction.INCONCLUSIVE, (str(exc),), None, target=url
+                )
+            ended, why = "error", (str(exc),)
+        except KeyboardInterrupt:
+            if not (out_dir / JOURNAL_NAME).exists():
+                return ReproResult(
+                    scenario, Reproduction.INCONCLUSIVE, ("interrupted",), None, target=url
+                )
+            ended = "interrupted"
+        return _finish(scenario, url, out_dir, reports, ended, why, keep_raw_evidence, display)
 
 
 def _finish(

@@ -7,6 +7,11 @@ pool tokens, context tokens, their ratio and a verdict (`ok`, `pool_smaller_than
 `unknown`); each `pool_smaller_than_context` side is a `Finding`. A pool that could not be
 read is `unknown` with the list of what was tried, never a pass.
 
+Figures the target did not report can be given (`--pool-tokens`, `--context-tokens`): a given
+figure fills in what was not read, never replaces what was (the audit is about what the
+deployment says of itself), and `AuditResult.figures` says of each figure whether it was read
+(and where) or given.
+
 The optional probe confirms behaviour instead of configuration: one prompt just above the
 smaller of the smallest pool and the context, sent to `/v1/completions` with `max_tokens=1`,
 must be refused (400, 413 or 422). A success status is an `unsafe_accept` finding; any other
@@ -20,7 +25,7 @@ may be another customer's data and is not kept.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -44,6 +49,30 @@ from harness.target.server_info import (
     read_deployment_facts,
 )
 from harness.target.urls import redact_url
+
+GIVEN_POOL = "given: --pool-tokens"
+GIVEN_CONTEXT = "given: --context-tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One figure the audit compared, and whether it was read from the target or given."""
+
+    name: str
+    """`pool_tokens` or `context_tokens`."""
+    where: str
+    """The side (`unified http://...`), or `advertised` for the deployment's context."""
+    value: int | None
+    source: str
+    """`read: <source>`, `given: --pool-tokens`, or `unknown`."""
+    note: str = ""
+    """Where a given figure was not used because the target reported its own."""
+
+    def describe(self) -> str:
+        value = "unknown" if self.value is None else f"{self.value:,}"
+        return f"{self.name} {value} ({self.where}): {self.source}" + (
+            f"; {self.note}" if self.note else ""
+        )
 
 
 class SideVerdict(StrEnum):
@@ -73,6 +102,8 @@ class AuditResult:
     sides: tuple[SideAudit, ...]
     findings: tuple[Finding, ...]
     probe: ProbeResult | None = None
+    figures: tuple[Figure, ...] = ()
+    """Each figure compared, read or given (`given_figures`)."""
 
     @property
     def verdict(self) -> Verdict:
@@ -101,6 +132,7 @@ class AuditResult:
             "model": self.facts.model,
             "context_tokens": self.facts.context_tokens,
             "context_source": self.facts.context_source,
+            "figures": [asdict(f) for f in self.figures],
             "sides": [_side_record(s) for s in self.sides],
             "findings": [_finding_record(f) for f in self.findings],
             "probe": probe_record(self.probe) if self.probe else None,
@@ -108,13 +140,61 @@ class AuditResult:
         }
 
 
-def audit_facts(facts: EngineFacts) -> AuditResult:
-    """Compare each side's pool with the advertised context (no requests are made)."""
+def audit_facts(
+    facts: EngineFacts, *, pool_tokens: int | None = None, context_tokens: int | None = None
+) -> AuditResult:
+    """Compare each side's pool with the advertised context (no requests are made); given
+    figures fill in what the target did not report."""
+    facts, figures = given_figures(facts, pool_tokens=pool_tokens, context_tokens=context_tokens)
     sides = tuple(_audit_side(side, facts) for side in facts.sides)
     findings = tuple(
         _pool_finding(a, facts) for a in sides if a.verdict is SideVerdict.POOL_SMALLER_THAN_CONTEXT
     )
-    return AuditResult(facts=facts, sides=sides, findings=findings)
+    return AuditResult(facts=facts, sides=sides, findings=findings, figures=figures)
+
+
+def given_figures(
+    facts: EngineFacts, *, pool_tokens: int | None, context_tokens: int | None
+) -> tuple[EngineFacts, tuple[Figure, ...]]:
+    """`facts` with the given figures filled in where none was read, and every figure's
+    source. A deployment that reported no side at all gets one unified side."""
+    for flag, value in (("--pool-tokens", pool_tokens), ("--context-tokens", context_tokens)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive number of tokens, got {value}")
+    sides = list(facts.sides)
+    if not sides and (pool_tokens is not None or context_tokens is not None):
+        sides = [SideFacts("unified", facts.base_url, None, None, None, None)]
+    context, context_source = facts.context_tokens, facts.context_source
+    figures = [_figure("context_tokens", "advertised", context, context_source, context_tokens)]
+    if context is None and context_tokens is not None:
+        context, context_source = context_tokens, GIVEN_CONTEXT
+    filled: list[SideFacts] = []
+    for side in sides:
+        where = f"{side.role} {redact_url(side.url)}"
+        figures.append(_figure("pool_tokens", where, side.pool_tokens, side.source, pool_tokens))
+        if side.pool_tokens is None and pool_tokens is not None:
+            side = replace(side, pool_tokens=pool_tokens, source=GIVEN_POOL)
+        if side.context_tokens is None and context is not None:
+            side = replace(side, context_tokens=context)
+        filled.append(side)
+    facts = replace(
+        facts, sides=tuple(filled), context_tokens=context, context_source=context_source
+    )
+    return facts, tuple(figures)
+
+
+def _figure(
+    name: str, where: str, read: int | None, source: str | None, given: int | None
+) -> Figure:
+    flag = GIVEN_POOL if name == "pool_tokens" else GIVEN_CONTEXT
+    if read is None:
+        if given is None:
+            return Figure(name, where, None, "unknown")
+        return Figure(name, where, given, flag)
+    figure = Figure(name, where, read, f"read: {source or 'the target'}")
+    if given is not None and given != read:
+        return replace(figure, note=f"{flag.removeprefix('given: ')} {given} not used")
+    return figure
 
 
 async def run_audit(
@@ -126,6 +206,8 @@ async def run_audit(
     probe: bool = False,
     model: str | None = None,
     headers: Mapping[str, str] | None = None,
+    pool_tokens: int | None = None,
+    context_tokens: int | None = None,
 ) -> AuditResult:
     """Read the deployment's facts, compare, and (with `probe`) confirm against the target."""
     if not (target or prefill_urls or decode_urls):
@@ -135,7 +217,8 @@ async def run_audit(
     facts = await read_deployment_facts(
         client, target=target, prefill_urls=prefill_urls, decode_urls=decode_urls, headers=headers
     )
-    result = audit_facts(facts)
+    result = audit_facts(facts, pool_tokens=pool_tokens, context_tokens=context_tokens)
+    facts = result.facts
     if not probe:
         return result
     assert target is not None
@@ -149,7 +232,7 @@ async def run_audit(
             token_count="",
             error="no pool size was read, so there is no limit to probe above",
         )
-        return AuditResult(facts, result.sides, result.findings, outcome)
+        return replace(result, probe=outcome)
     context = side.context_tokens or facts.context_tokens
     # above the pool, and above the context too when that is smaller: both must be refused
     limit = min(side.pool_tokens, context) if context else side.pool_tokens
@@ -164,7 +247,7 @@ async def run_audit(
     )
     extra = accept_finding(outcome, side, facts)
     findings = result.findings + ((extra,) if extra else ())
-    return AuditResult(facts, result.sides, findings, outcome)
+    return replace(result, findings=findings, probe=outcome)
 
 
 def _audit_side(side: SideFacts, facts: EngineFacts) -> SideAudit:
@@ -261,6 +344,7 @@ def _attempt_record(attempt: Attempt) -> dict[str, Any]:
 
 __all__ = [
     "AuditResult",
+    "Figure",
     "ProbeOutcome",
     "ProbeResult",
     "SideAudit",

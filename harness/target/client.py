@@ -9,7 +9,9 @@ the caller's mistakes (`ConfigError`: a tenant's credential variable is unset) a
 
 The transport is the caller's: an `httpx.AsyncClient` is injected (tests pass
 `httpx.MockTransport` or `httpx.ASGITransport`; `make_http_client` builds the production one
-with explicit `httpx.Limits` and `httpx.Timeout`). SSE is decoded by `httpx-sse`; this module
+with explicit `httpx.Limits` and `httpx.Timeout`). The one retry, for a keep-alive race
+(a reused connection closed before any byte of the answer), goes through a fresh one-request
+client of its own and is recorded in `Observation.retry`. SSE is decoded by `httpx-sse`; this module
 does not know what a canary is, nor what the response text means.
 
 Timestamps (one process, `time.perf_counter_ns`):
@@ -52,14 +54,18 @@ import contextlib
 import hashlib
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import httpx
 from httpx_sse import EventSource
 
 from canaries.errors import ConfigError
 from harness.record.observation import ErrorKind, Observation
+from harness.target.http_client import default_limits as default_limits
+from harness.target.http_client import default_timeout as default_timeout
+from harness.target.http_client import make_http_client as make_http_client
+from harness.target.keepalive import AttemptTrace
 from harness.target.sse_stream import MeteredStream, ResponseTooLarge, StreamViolation, Transcript
 from tenants.plan import ApiStyle, RequestPlan
 from tenants.tenant import Tenant
@@ -71,64 +77,6 @@ ERROR_EXCERPT_CHARS = 2000
 _ENDPOINTS: dict[ApiStyle, str] = {"chat": "chat/completions", "completions": "completions"}
 
 
-def default_timeout() -> httpx.Timeout:
-    """Per-operation timeouts for long prompts.
-
-    `read` bounds the wait for *each* read, including the first one, which comes only after
-    the whole prompt is prefilled: minutes for a million tokens. `pool` is unbounded because
-    the runner, not httpx's pool, limits concurrency (and times the queueing itself).
-    """
-    return httpx.Timeout(connect=10.0, read=300.0, write=60.0, pool=None)
-
-
-def default_limits(max_concurrency: int) -> httpx.Limits:
-    """One keep-alive connection per concurrent stream, so no stream waits for a connection
-    and no TCP handshake lands inside a TTFT (httpx's default caps connections at 100).
-
-    Idle connections are dropped after 4 s, before uvicorn's default 5 s keep-alive timeout
-    (SGLang's and vLLM's servers run on uvicorn): a request sent on a connection the server
-    is closing at that moment fails with a read error, and the harness never retries (a
-    retry could hide what the target did).
-    """
-    return httpx.Limits(
-        max_connections=max_concurrency,
-        max_keepalive_connections=max_concurrency,
-        keepalive_expiry=4.0,
-    )
-
-
-def make_http_client(
-    *,
-    max_concurrency: int = 64,
-    timeout: httpx.Timeout | None = None,
-    backend: Literal["httpx", "aiohttp"] = "httpx",
-) -> httpx.AsyncClient:
-    """The production `httpx.AsyncClient` for `TargetClient` (the caller closes it).
-
-    `backend="aiohttp"` keeps the httpx API but does the I/O with aiohttp (the optional
-    `httpx-aiohttp` package): httpcore's connection pool costs CPU per request that grows
-    with the number of open connections, which at hundreds of concurrent streams inflates
-    measured TTFTs by tens of milliseconds (benchmarks/RESULTS-client.md).
-    """
-    limits = default_limits(max_concurrency)
-    transport: httpx.AsyncBaseTransport | None = None
-    if backend == "aiohttp":
-        try:
-            from httpx_aiohttp import AiohttpTransport
-        except ImportError:
-            raise ConfigError(
-                "the aiohttp HTTP backend needs the httpx-aiohttp package (pip install "
-                "httpx-aiohttp)"
-            ) from None
-        transport = AiohttpTransport(limits=limits)
-    return httpx.AsyncClient(
-        limits=limits,
-        timeout=timeout or default_timeout(),
-        follow_redirects=False,
-        transport=transport,
-    )
-
-
 @dataclass(slots=True)
 class _Exchange:
     """What happened at the HTTP level, filled in as the exchange proceeds."""
@@ -137,6 +85,18 @@ class _Exchange:
     t_head_ns: int | None = None
     error_body: bytes = b""
     disconnected: bool = False
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One send of a request: its connection trace, exchange, transcript and failure."""
+
+    trace: AttemptTrace
+    transcript: Transcript
+    exchange: _Exchange = field(default_factory=_Exchange)
+    failure: Exception | None = None
+    t_sent_ns: int = 0
+    t_done_ns: int = 0
 
 
 class TargetClient:
@@ -206,20 +166,29 @@ class TargetClient:
         t_scheduled_ns: int,
         on_text: Callable[[str], None] | None = None,
     ) -> Observation:
-        """Send `plan` as `tenant`; `on_text` gets every text delta as it arrives."""
+        """Send `plan` as `tenant`; `on_text` gets every text delta as it arrives.
+
+        A first attempt that fails on a reused keep-alive connection before any byte of the
+        answer is sent once more on a fresh connection (`harness.target.keepalive`); the
+        observation is the second attempt's, with `retry` saying why."""
         request = self.build_request(plan, tenant)
-        exchange = _Exchange()
-        transcript = Transcript(on_text=on_text)
-        failure: Exception | None = None
         t_wall = time.time()
-        t_sent_ns = time.perf_counter_ns()
+        retry: str | None = None
+        attempt = _Attempt(trace=AttemptTrace(), transcript=Transcript(on_text=on_text))
         try:
             async with asyncio.timeout(self._deadline_s):
-                await self._exchange(request, plan, exchange, transcript)
-        except (httpx.HTTPError, StreamViolation, ResponseTooLarge, TimeoutError) as exc:
-            failure = exc
-        t_done_ns = time.perf_counter_ns()
-        error = _error_of(failure, exchange, transcript, self._deadline_s)
+                await self._attempt(self._client, request, plan, attempt)
+                if attempt.trace.keepalive_race(
+                    attempt.failure, attempt.exchange.status is not None
+                ):
+                    retry = f"{type(attempt.failure).__name__}: {attempt.failure}"
+                    attempt = _Attempt(trace=AttemptTrace(), transcript=Transcript(on_text=on_text))
+                    async with self._fresh_client() as fresh:
+                        await self._attempt(fresh, request, plan, attempt)
+        except TimeoutError as exc:  # the deadline, across both attempts
+            attempt.failure = exc
+        exchange, transcript = attempt.exchange, attempt.transcript
+        error = _error_of(attempt.failure, exchange, transcript, self._deadline_s)
         text = transcript.text
         return Observation(
             request_id=plan.request_id,
@@ -227,10 +196,10 @@ class TargetClient:
             status=exchange.status,
             t_wall=t_wall,
             t_scheduled_ns=t_scheduled_ns,
-            t_sent_ns=t_sent_ns,
+            t_sent_ns=attempt.t_sent_ns,
             t_first_byte_ns=exchange.t_head_ns,
             t_first_token_ns=transcript.t_first_token_ns,
-            t_done_ns=t_done_ns,
+            t_done_ns=attempt.t_done_ns,
             text=text,
             text_sha256=hashlib.sha256(text.encode()).hexdigest(),
             num_text_chars=len(text),
@@ -239,12 +208,46 @@ class TargetClient:
             finish_reason=transcript.finish_reason,
             error_kind=error[0] if error else None,
             error=error[1] if error else None,
+            retry=retry,
+        )
+
+    async def _attempt(
+        self,
+        client: httpx.AsyncClient,
+        request: httpx.Request,
+        plan: RequestPlan,
+        attempt: _Attempt,
+    ) -> None:
+        """One send of `request` on `client`, recorded in `attempt`, failure included."""
+        request.extensions["trace"] = attempt.trace
+        token = attempt.trace.activate()
+        attempt.t_sent_ns = time.perf_counter_ns()
+        try:
+            await self._exchange(client, request, plan, attempt.exchange, attempt.transcript)
+        except (httpx.HTTPError, StreamViolation, ResponseTooLarge) as exc:
+            attempt.failure = exc
+        finally:
+            attempt.t_done_ns = time.perf_counter_ns()
+            AttemptTrace.reset(token)
+
+    def _fresh_client(self) -> httpx.AsyncClient:
+        """A client that opens a new connection for its one request and keeps none."""
+        return httpx.AsyncClient(
+            timeout=self._client.timeout,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            follow_redirects=False,
+            trust_env=self._client.trust_env,
         )
 
     async def _exchange(
-        self, request: httpx.Request, plan: RequestPlan, exchange: _Exchange, transcript: Transcript
+        self,
+        client: httpx.AsyncClient,
+        request: httpx.Request,
+        plan: RequestPlan,
+        exchange: _Exchange,
+        transcript: Transcript,
     ) -> None:
-        response = await self._client.send(request, stream=True)
+        response = await client.send(request, stream=True)
         try:
             exchange.t_head_ns = time.perf_counter_ns()
             exchange.status = response.status_code

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from canaries import RemoteTokenizer
+from canaries.errors import CanaryError
 from harness.record.finding import Finding, FindingKind
 from harness.target.limits import DEFAULT_PAGE_SIZE
 from harness.target.server_info import EngineFacts, SideFacts, describe_error
@@ -27,7 +29,6 @@ from harness.target.urls import redact_url
 # know best as exactly one (cl100k_base, Llama, Qwen, GLM): a probe prompt of N such words
 # is at least N tokens long even when the server cannot count for us.
 _FILLER_WORD = " the"
-_TOKENIZE_PATHS = ("/v1/tokenize", "/tokenize")  # SGLang, then vLLM
 _REJECTION_STATUSES = frozenset({400, 413, 422})  # what engines answer an over-long prompt with
 
 
@@ -171,9 +172,11 @@ async def _sized_prompt(
     nonce = f"probe {secrets.token_hex(8)}:"
     num_words = wanted
     best: tuple[str, int, str] | None = None
-    for _ in range(3):
+    remote = await _server_tokenizer(client, base_url, model=model, headers=headers)
+    for _ in range(3 if remote is not None else 0):
+        assert remote is not None
         prompt = nonce + _FILLER_WORD * num_words
-        counted = await _count_tokens(client, base_url, prompt, model=model, headers=headers)
+        counted = await _count_tokens(remote, prompt)
         if counted is None:
             break
         count, path = counted
@@ -188,26 +191,30 @@ async def _sized_prompt(
     return prompt, wanted, "at least (one token per word)"
 
 
-async def _count_tokens(
+async def _server_tokenizer(
     client: httpx.AsyncClient,
     base_url: str,
-    prompt: str,
     *,
     model: str | None,
     headers: Mapping[str, str] | None,
-) -> tuple[int, str] | None:
-    body: dict[str, Any] = {"prompt": prompt}
-    if model:
-        body["model"] = model
-    for path in _TOKENIZE_PATHS:
-        try:
-            response = await client.post(base_url + path, json=body, headers=dict(headers or {}))
-            count = response.json().get("count") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            continue
-        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-            return count, path
-    return None
+) -> RemoteTokenizer | None:
+    """The server's tokenize route in its own convention (SGLang, vLLM, llama.cpp), or None
+    when it has none whose counts are plausible."""
+    remote = RemoteTokenizer(client, base_url, headers=headers, model=model)
+    try:
+        await remote.detect()
+    except (CanaryError, httpx.HTTPError):
+        return None
+    return remote
+
+
+async def _count_tokens(remote: RemoteTokenizer, prompt: str) -> tuple[int, str] | None:
+    """(tokens, the route that counted them), or None when the route failed this time."""
+    try:
+        count = await remote.count(prompt)
+    except (CanaryError, httpx.HTTPError):
+        return None
+    return count, httpx.URL(remote.endpoint).path
 
 
 def _prompt_tokens(response: httpx.Response) -> int | None:

@@ -54,7 +54,7 @@ class EngineFacts:
     """Everything learned about one deployment, and every attempt made to learn it."""
 
     engine: str
-    """`sglang`, `sglang-pd` (a mini_lb router), `vllm`, `openai`, `kvcanary-reference`,
+    """`sglang`, `sglang-pd` (a mini_lb router), `vllm`, `llamacpp`, `openai`, `kvcanary-reference`,
     or `unknown` when nothing engine-specific answered."""
     base_url: str
     sides: tuple[SideFacts, ...]

@@ -8,6 +8,8 @@ What it knows: the shapes a serving engine uses to say how big its KV pool is.
                 `{"internal_states": [...], "prefill": [info, ...], "decode": [info, ...]}`.
     vLLM        GET /metrics, `vllm:cache_config_info{num_gpu_blocks="N", block_size="B"}`:
                 pool tokens = N * B, per engine (data-parallel engines carry an `engine` label).
+    llama.cpp   GET /props, /slots, /v1/models `meta.n_ctx`: the per-slot context, which is
+                also the slot's KV cache (`harness.target.llamacpp_info`).
     OpenAI API  GET /v1/models `max_model_len`: the advertised context, never the pool.
 
 Every request made is kept as an `Attempt` (URL, status or error, what it yielded), so that
@@ -28,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from harness.target.llamacpp_info import card_n_ctx, is_llamacpp_card, read_llamacpp_side
 from harness.target.server_facts import (
     Attempt,
     EngineFacts,
@@ -130,8 +133,18 @@ class _Reader:
 
     async def read(self) -> EngineFacts:
         engine, sides = await self._read_sglang()
-        model, advertised = await self._read_models()
-        if not any(s.pool_tokens is not None for s in sides):
+        model, advertised, card = await self._read_models()
+        context_source = "openai:/v1/models" if advertised is not None else None
+        if card is not None and is_llamacpp_card(card):
+            engine = "llamacpp"
+            if advertised is None and card_n_ctx(card) is not None:
+                advertised, context_source = card_n_ctx(card), "llamacpp:/v1/models meta.n_ctx"
+        if engine == "llamacpp" and not any(s.pool_tokens is not None for s in sides):
+            side = await read_llamacpp_side(
+                self._get_json, self.attempts, self.base_url, models_n_ctx=card_n_ctx(card or {})
+            )
+            sides = [side] if side is not None else sides
+        elif not any(s.pool_tokens is not None for s in sides):
             vllm_sides = await self._read_vllm_metrics(advertised)
             if vllm_sides:
                 engine, sides = "vllm", vllm_sides
@@ -152,7 +165,7 @@ class _Reader:
             page_size=min_known([s.page_size for s in sides]),
             attempts=tuple(self.attempts),
             model=model,
-            context_source=_context_source(advertised, sides),
+            context_source=context_source or _context_source(sides),
         )
 
     async def _get(self, path: str) -> httpx.Response | None:
@@ -211,21 +224,25 @@ class _Reader:
             return engine, sides
         return "unknown", []
 
-    async def _read_models(self) -> tuple[str | None, int | None]:
+    async def _read_models(self) -> tuple[str | None, int | None, dict[str, Any] | None]:
+        """(model id, advertised context, the first model card) from /v1/models."""
         got = await self._get_json("/v1/models")
         if got is None:
-            return None, None
+            return None, None, None
         url, body = got
         cards = body.get("data") if isinstance(body, dict) else None
         if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict):
             self.attempts.append(Attempt(url, 200, "no model cards", "nothing"))
-            return None, None
-        model = cards[0].get("id")
+            return None, None, None
+        card = cards[0]
+        model = card.get("id")
         model = model if isinstance(model, str) else None
-        context = as_int(cards[0].get("max_model_len"))
+        context = as_int(card.get("max_model_len"))
         said = f"model={model}, context_tokens={context}"
+        if card_n_ctx(card) is not None:
+            said += f", meta.n_ctx={card_n_ctx(card)}"
         self.attempts.append(Attempt(url, 200, None, said))
-        return model, context
+        return model, context, card
 
     async def _read_vllm_metrics(self, advertised: int | None) -> list[SideFacts]:
         url = self.base_url + "/metrics"
@@ -256,9 +273,7 @@ class _Reader:
         return sides
 
 
-def _context_source(advertised: int | None, sides: Sequence[SideFacts]) -> str | None:
-    if advertised is not None:
-        return "openai:/v1/models"
+def _context_source(sides: Sequence[SideFacts]) -> str | None:
     return next((s.source for s in sides if s.context_tokens is not None), None)
 
 

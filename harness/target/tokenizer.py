@@ -1,7 +1,8 @@
 """Counting tokens the way the target does: its own tokenize route, and its chat template.
 
 `--tokenizer server` builds prompts in the target's tokenizer. `canaries.RemoteTokenizer`
-speaks the tokenize routes (SGLang `/v1/tokenize`, vLLM `/tokenize`) asynchronously, while
+speaks the tokenize routes (SGLang `/v1/tokenize`, vLLM `/tokenize`, llama.cpp `/tokenize`
+with `content`) asynchronously and checks at start that the counts are plausible, while
 the planner counts synchronously; `ServerTokenizer` bridges the two by running each call on
 the session's event loop and blocking a worker thread on it, which is why the runner builds
 plans in a worker thread. The canary pieces are measured once per process (a few thousand
@@ -34,14 +35,16 @@ T = TypeVar("T")
 async def remote_tokenizer(
     http: httpx.AsyncClient, base_url: str, model: str, tenant: Tenant
 ) -> RemoteTokenizer:
-    """The target's tokenize route, checked with one request (ConfigError if it has none)."""
+    """The target's tokenize route, its convention detected and its counts checked now
+    (ConfigError naming every endpoint tried when none counts plausibly: 0 tokens for
+    non-empty text, or a count that does not grow with the text)."""
     remote = RemoteTokenizer(http, base_url, headers=tenant.auth_headers(), model=model)
     try:
-        await remote.count(" probe")  # learn the route now, so a missing one is a clear error
+        await remote.detect()
     except (CanaryError, httpx.HTTPError) as exc:
         raise ConfigError(
-            f"--tokenizer server: {base_url} has no usable /v1/tokenize or /tokenize route "
-            f"({exc}); give a tokenizer name or a tokenizer.json path"
+            f"--tokenizer server: {base_url} has no usable tokenize route ({exc}); give a "
+            "tokenizer name or a tokenizer.json path"
         ) from None
     return remote
 

@@ -1,4 +1,6 @@
-"""RemoteTokenizer against SGLang- and vLLM-shaped servers (httpx.MockTransport)."""
+"""RemoteTokenizer against SGLang-, vLLM- and llama.cpp-shaped servers (httpx.MockTransport).
+
+The real llama.cpp server is tested in tests/harness/target/llamacpp/."""
 
 from __future__ import annotations
 
@@ -60,11 +62,12 @@ async def test_sglang_shape_auto_detected() -> None:
     assert await tokenizer.count("a bb") == 2
     assert tokenizer.style == "sglang"
     assert tokenizer.max_model_len == 8192
-    assert [c.url.path for c in calls] == ["/v1/tokenize", "/v1/tokenize"]
+    # two validation requests (a short and a longer text), then one per call
+    assert [c.url.path for c in calls] == ["/v1/tokenize"] * 4
     assert calls[0].headers["authorization"] == "Bearer x"
-    body = json.loads(calls[0].content)
+    body = json.loads(calls[2].content)
     assert body == {"prompt": "one three fives", "add_special_tokens": False}
-    with pytest.raises(CanaryError, match="declare the chat overhead"):
+    with pytest.raises(CanaryError, match="does not render chat templates"):
         await tokenizer.chat_overhead("m")
 
 
@@ -74,7 +77,7 @@ async def test_vllm_shape_auto_detected_after_404_and_chat_overhead() -> None:
     assert await tokenizer.count("a bb ccc") == 3
     assert tokenizer.style == "vllm"
     assert tokenizer.max_model_len == 32768
-    assert [c.url.path for c in calls] == ["/v1/tokenize", "/tokenize"]
+    assert [c.url.path for c in calls] == ["/v1/tokenize", "/tokenize", "/tokenize", "/tokenize"]
     assert json.loads(calls[1].content)["model"] == "llama"
     assert await tokenizer.count("x") == 1
     assert calls[-1].url.path == "/tokenize"
@@ -90,10 +93,70 @@ async def test_explicit_style_uses_one_route_only() -> None:
     with pytest.raises(CanaryError, match="HTTP 404"):
         await tokenizer.count("hello")
     assert [c.url.path for c in calls] == ["/tokenize"]
+    with pytest.raises(CanaryError, match=r"vllm: http://target:30000/tokenize answered HTTP 404"):
+        await tokenizer.detect()
+
+
+def llamacpp(calls: list[httpx.Request], *, with_pieces: bool = False) -> Handler:
+    """llama.cpp's /tokenize: reads `content`; a body without it is tokenized as "" (200)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if request.url.path != "/tokenize":
+            return httpx.Response(404, text="File Not Found")
+        body = json.loads(request.content)
+        tokens = fake_tokens(body.get("content", ""))
+        if body.get("add_special", True):  # llama.cpp's default: prepend the BOS token
+            tokens = [1, *tokens]
+        if with_pieces or body.get("with_pieces"):
+            return httpx.Response(200, json={"tokens": [{"id": t, "piece": "x"} for t in tokens]})
+        return httpx.Response(200, json={"tokens": tokens})
+
+    return handle
+
+
+async def test_llamacpp_detected_after_the_others_count_zero() -> None:
+    calls: list[httpx.Request] = []
+    tokenizer = remote(llamacpp(calls), model="tiny")
+    assert await tokenizer.detect() == "llamacpp"
+    assert await tokenizer.count("a bb ccc") == 3
+    # /v1/tokenize: 404; /tokenize with {"prompt"}: 200 with no tokens (not a count); then content
+    assert [c.url.path for c in calls[:2]] == ["/v1/tokenize", "/tokenize"]
+    body = json.loads(calls[-1].content)
+    assert body == {"content": "a bb ccc", "add_special": False, "with_pieces": False}
+    assert tokenizer.endpoint == "http://target:30000/tokenize"
+
+
+async def test_llamacpp_token_objects_are_read_as_ids() -> None:
+    tokenizer = remote(llamacpp([], with_pieces=True), style="llamacpp")
+    assert await tokenizer.encode("one three") == [3, 5]
+
+
+async def test_a_zero_count_for_text_is_rejected_naming_the_endpoint() -> None:
+    # what kvcanary accepted before: llama.cpp answering {"prompt": ...} with no tokens
+    tokenizer = remote(lambda request: httpx.Response(200, json={"tokens": []}), style="vllm")
+    with pytest.raises(CanaryError, match=r"vllm: http://target:30000/tokenize counted 0 tokens"):
+        await tokenizer.detect()
+    with pytest.raises(CanaryError, match=r"/tokenize counted 0 tokens for 5 characters"):
+        await tokenizer.count("hello")
+
+
+async def test_a_count_that_does_not_grow_with_the_text_is_rejected() -> None:
+    tokenizer = remote(lambda request: httpx.Response(200, json={"tokens": [7]}))
+    with pytest.raises(CanaryError, match="does not grow with the text") as caught:
+        await tokenizer.detect()
+    message = str(caught.value)
+    for url in ("/v1/tokenize", "/tokenize"):
+        assert f"http://target:30000{url}" in message
 
 
 async def test_chat_overhead_unsupported_is_a_clear_error() -> None:
-    tokenizer = remote(lambda request: httpx.Response(400, json={"error": "no messages"}))
+    def no_messages(request: httpx.Request) -> httpx.Response:
+        if b"messages" in request.content:
+            return httpx.Response(400, json={"error": "no messages"})
+        return vllm([])(request)
+
+    tokenizer = remote(no_messages)
     with pytest.raises(CanaryError, match="cannot tokenize chat messages"):
         await tokenizer.chat_overhead("m")
 

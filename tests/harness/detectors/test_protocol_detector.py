@@ -110,3 +110,27 @@ def test_a_planned_accept_never_gives_unsafe_accept() -> None:
 def test_negative_tolerance_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         ProtocolDetector(LIMITS, tolerance_tokens=-1)
+
+
+def test_a_calibrated_offset_is_compared_like_with_like_per_api() -> None:
+    detector = ProtocolDetector(LIMITS, prompt_token_offsets={"completions": 1})
+    bos = make_plan(num_prompt_tokens=1000)
+    assert detector.check(bos, make_obs(bos, prompt_tokens=1001)) == []
+    chat = make_plan("t0-r000002", num_prompt_tokens=1000, api="chat")
+    assert detector.check(chat, make_obs(chat, prompt_tokens=1000)) == []  # no chat offset
+    [finding] = detector.check(bos, make_obs(bos, prompt_tokens=1000))
+    assert finding.details["special_tokens_offset"] == 1
+    assert finding.details["difference"] == -1
+    assert "off by -1, net of the +1 token(s) the server adds to every completions prompt" in (
+        finding.summary
+    )
+
+
+def test_an_offset_does_not_hide_the_incident_signature() -> None:
+    detector = ProtocolDetector(LIMITS, prompt_token_offsets={"completions": 1})
+    plan = make_plan(num_prompt_tokens=3000)
+    [finding] = detector.check(plan, make_obs(plan, prompt_tokens=1))
+    assert finding.kind is FindingKind.PROMPT_TOKENS_MISMATCH
+    assert finding.details["incident_signature"] is True
+    assert finding.details["difference"] == -3000
+    assert "+1 token(s) the server adds" in finding.summary

@@ -258,7 +258,8 @@ def test_under_a_cpu_hog_skipped_prefills_within_the_context_are_still_flagged()
         }
         traffic.finish()
         model = traffic.detector.model
-        assert model is not None and model.threshold(4096) > 0
+        assert model is not None
+        assert model.threshold(4096) > 0
         assert model.min_eligible_tokens < 4096
         assert flagged(traffic.findings) == skipped, seed
         assert traffic.detector.not_judged is None
@@ -292,10 +293,23 @@ def test_no_online_judgement_from_a_fit_of_the_first_few_answers() -> None:
 
 def test_not_judged_says_why() -> None:
     detector = TimingDetector()
-    assert detector.not_judged is not None and "no TTFT fit" in detector.not_judged
+    assert detector.not_judged is not None
+    assert "no TTFT fit" in detector.not_judged
     traffic = Traffic(detector, seed=5)
     for _ in range(100):
         traffic.send(traffic.rng.choice((16, 24, 32)))  # prompts far too short to time
     traffic.finish()
     reason = detector.not_judged
-    assert reason is not None and "the longest answered prompt had 32" in reason
+    assert reason is not None
+    assert "the longest answered prompt had 32" in reason
+
+
+def test_over_limit_answers_too_short_for_the_rule_are_not_judged() -> None:
+    """An answered over-limit prompt the rule cannot judge must be said, not passed."""
+    traffic = Traffic(TimingDetector(), seed=9)
+    traffic.honest(200)
+    traffic.send(32, ttft_ms=INTERCEPT_MS, expected="reject", prompt_tokens=1)
+    traffic.finish()
+    reason = traffic.detector.not_judged
+    assert reason is not None
+    assert reason.startswith("1 of 1 answered over-limit prompt(s) are too short")

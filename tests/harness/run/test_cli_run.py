@@ -301,6 +301,30 @@ def test_a_second_ctrl_c_cancels_requests_in_flight(tmp_path: Path) -> None:
     assert kinds == {"cancelled"}
     assert len(of_type(rows, "observation")) == len(of_type(rows, "plan")) == 8
     assert rows[-1]["reason"] == "interrupted"
+    assert (tmp_path / "report.html").exists()  # cancelled requests are still reported
+    assert "Traceback" not in stderr
+
+
+def test_sigterm_while_the_reports_are_written_says_how_to_render_them(tmp_path: Path) -> None:
+    """A CI job's timeout sends SIGTERM; during rendering it must not lose the reports
+    silently: either they were written, or one line says how to write them."""
+    with (
+        serve(fake_target(delay_s=0.01)) as url,
+        _running(
+            ["run", "--target", url, *LIMIT_FLAGS, "--requests", "30", "--out", str(tmp_path)]
+        ) as proc,
+    ):
+        _wait_for_lines(tmp_path, "run_finished", 1, proc)
+        ended_before = proc.poll() is not None
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stderr
+    if ended_before:
+        assert (tmp_path / "report.html").exists()
+        return
+    rendered = (tmp_path / "report.html").exists() and proc.returncode in (0, 1)
+    unrendered = proc.returncode == 3 and f"run `kvcanary report {tmp_path}`" in stderr
+    assert rendered or unrendered, (proc.returncode, stderr)
 
 
 def test_a_killed_run_loses_at_most_the_requests_in_flight(tmp_path: Path) -> None:
@@ -364,8 +388,14 @@ def test_soak_reports_rotates_and_resumes(
         first_ids = [r["request_id"] for r in of_type(rows, "plan")]
         assert rows[-1]["reason"] == "duration"
 
-        assert main(argv) == 0  # the same --out again: resume
+        # the same --out again, with a longer duration: the soak continues where it stopped
+        longer = [*argv[: argv.index("--duration") + 1], "6s", *argv[argv.index("3s") + 1 :]]
+        assert main(longer) == 0
         rows = records(out)
+        second = [i for i, r in enumerate(rows) if r["type"] == "run_started"][1]
+        phases = [r["phase"] for r in rows[second:] if r["type"] == "phase"]
+        assert phases[0] == "probe", phases  # 3 of 6 s done: fill (the first 15 %) is past
+        assert rows[second]["settings"]["elapsed_before_s"] >= 2.5
         ids = [r["request_id"] for r in of_type(rows, "plan")]
         assert ids[: len(first_ids)] == first_ids
         assert len(ids) > len(first_ids)
@@ -399,3 +429,26 @@ def test_run_refuses_an_out_that_holds_a_run(
     (tmp_path / "journal.jsonl").write_text("")
     assert main(["run", "--target", "http://127.0.0.1:9", "--out", str(tmp_path)]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: (p / "old").mkdir() or (p / "old" / "evidence.json").write_text("{}"),
+         "is not empty"),
+        (lambda p: (p / "file").write_text("x"), "is a file, not a directory"),
+    ],
+    ids=["not-empty", "under-a-file"],
+)  # fmt: skip
+def test_run_refuses_an_unusable_out_before_contacting_the_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, message: str
+) -> None:
+    make(tmp_path)
+    out = tmp_path / "old" if message == "is not empty" else tmp_path / "file" / "run"
+    argv = ["run", "--target", "http://127.0.0.1:9", *LIMIT_FLAGS, "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert "target" not in err.split("error:")[0]  # refused before the target was contacted
+    assert not (out / "journal.jsonl").exists()

@@ -63,8 +63,8 @@ def small_pd_routes(
         return 400, "application/json", b'{"object":"error","message":"too long","code":400}'
 
     def count(seen: Seen) -> Reply:
-        words = json.loads(seen.body)["prompt"].split()
-        body = {"tokens": [], "count": len(words) * tokens_per_word + 1, "max_model_len": 4096}
+        num_tokens = len(json.loads(seen.body)["prompt"].split()) * tokens_per_word + 1
+        body = {"tokens": [7] * num_tokens, "count": num_tokens, "max_model_len": 4096}
         return 200, "application/json", json.dumps(body).encode()
 
     routes["POST /v1/completions"] = completions

@@ -1,0 +1,124 @@
+"""Against llama.cpp's real server (xllamacpp) serving tiny GGUF models: its tokenize
+convention is detected and counts like the model's own tokenizer.json, its limits are read
+without flags, `kvcanary audit` reads its n_ctx, and its BOS token is calibrated away."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from canaries import RemoteTokenizer, load_tokenizer
+from conftest import N_CTX_PER_SLOT, LlamaServer
+from harness.cli import main
+from harness.detectors.protocol import ProtocolDetector
+from harness.target.calibration import measure_prompt_token_offset
+from harness.target.client import TargetClient
+from harness.target.limits import discover_limits
+from harness.target.tokenizer import remote_tokenizer
+from tenants.plan import RequestPlan
+from tenants.tenant import Tenant
+
+TENANT = Tenant(name="tenant-0")
+TEXTS = (
+    " The river was quiet and the function returns a value.",
+    " ydk apple orbit 12345, naïve café — ok?",
+    " x",
+)
+
+
+async def test_tokenizer_server_detects_llamacpp_and_counts_like_the_model(
+    llama_server: LlamaServer,
+) -> None:
+    local = load_tokenizer(str(llama_server.model.tokenizer_json))
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        remote = await remote_tokenizer(http, llama_server.url, "m", TENANT)
+        assert remote.style == "llamacpp"
+        for text in TEXTS:
+            assert await remote.encode(text) == local.encode(text), text
+            assert await remote.count(text) == local.count(text)
+        if llama_server.model.vocabulary == "bytes":
+            assert await remote.count(TEXTS[0]) == len(TEXTS[0].encode())
+
+
+async def test_the_others_conventions_are_refused_by_name(bpe_server: LlamaServer) -> None:
+    # what kvcanary used to send llama.cpp: {"prompt": ...}, answered 200 {"tokens": []}
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        remote = RemoteTokenizer(http, bpe_server.url, style="vllm")
+        with pytest.raises(Exception, match=rf"{bpe_server.url}/tokenize counted 0 tokens"):
+            await remote.detect()
+
+
+async def test_limits_are_read_without_flags(llama_server: LlamaServer) -> None:
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        limits = await discover_limits(
+            http, llama_server.url, pool_tokens=None, context_tokens=None, page_size=None
+        )
+    assert (limits.pool_tokens, limits.context_tokens) == (N_CTX_PER_SLOT, N_CTX_PER_SLOT)
+    assert limits.page_size == 16
+    assert "pool: llamacpp:/props" in limits.source
+    assert "context: llamacpp:/v1/models meta.n_ctx" in limits.source
+
+
+def test_audit_reads_n_ctx(bpe_server: LlamaServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--target", bpe_server.url, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["engine"] == "llamacpp"
+    assert record["context_tokens"] == N_CTX_PER_SLOT
+    (side,) = record["sides"]
+    assert (side["pool_tokens"], side["verdict"], side["source"]) == (
+        N_CTX_PER_SLOT,
+        "ok",
+        "llamacpp:/props",
+    )
+    assert {f["name"]: f["source"] for f in record["figures"]} == {
+        "context_tokens": "read: llamacpp:/v1/models meta.n_ctx",
+        "pool_tokens": "read: llamacpp:/props",
+    }
+
+
+async def test_the_bos_token_is_calibrated_so_an_exact_prompt_is_not_a_mismatch(
+    bpe_server: LlamaServer,
+) -> None:
+    local = load_tokenizer(str(bpe_server.model.tokenizer_json))
+    prompt = TEXTS[0] * 8
+    plan = RequestPlan(
+        request_id="t0-r000001",
+        tenant=TENANT.name,
+        phase="fill",
+        intent="victim",
+        size_label="fill",
+        num_prompt_tokens=local.count(prompt),
+        expected="accept",
+        api="completions",
+        prompt=prompt,
+        max_tokens=2,
+    )
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        async with httpx.AsyncClient(timeout=30.0) as info:
+            limits = await discover_limits(
+                info, bpe_server.url, pool_tokens=None, context_tokens=None, page_size=None
+            )
+        measured = await measure_prompt_token_offset(
+            http, bpe_server.url, "m", "completions", local, TENANT
+        )
+        obs = await TargetClient(http, bpe_server.url, model="m").send(
+            plan, TENANT, t_scheduled_ns=0
+        )
+    assert measured.offset == 1  # llama.cpp prepends BOS to every completions prompt
+    assert obs.ok, obs.error
+    assert obs.usage.prompt_tokens == plan.num_prompt_tokens + 1
+    assert ProtocolDetector(limits).check(plan, obs) != []  # what every answer used to be
+    calibrated = ProtocolDetector(limits, prompt_token_offsets={"completions": measured.offset})
+    assert calibrated.check(plan, obs) == []
+
+
+def test_audit_probe_is_counted_by_llamacpp_and_refused(
+    bpe_server: LlamaServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["audit", "--target", bpe_server.url, "--probe", "--json"])
+    probe = json.loads(capsys.readouterr().out)["probe"]
+    assert probe["token_count"] == "exact (server /tokenize)"
+    assert probe["num_tokens"] > N_CTX_PER_SLOT
+    assert (probe["outcome"], probe["status"], status) == ("rejected", 400, 0)
