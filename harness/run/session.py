@@ -37,6 +37,7 @@ from harness.run.out_dir import RunIdentity, prepare_run_dir
 from harness.run.progress import ProgressDisplay
 from harness.run.runner import Budget, Runner, RunOutcome, Workload, default_phases
 from harness.run.soak_tasks import soak_tasks
+from harness.target.calibration import PromptTokenOffset, planning_limits
 from harness.target.client import TargetClient
 from harness.target.tokenizer import ServerTokenizer, chat_overhead, remote_tokenizer
 from tenants.planner import Planner
@@ -159,9 +160,12 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
             how_to_name_model="pass --model NAME",
             display=display,
         )
-        planner = await _planner(setup, http, target, display)
+        planner, calibration = await _planner(setup, http, target, display)
         detectors = wiring.detectors(
-            planner.index, target.limits, keep_raw_evidence=config.keep_raw_evidence
+            planner.index,
+            target.limits,
+            keep_raw_evidence=config.keep_raw_evidence,
+            calibration=calibration,
         )
         client = wiring.target_client(http, target, config.timeout)
         journal = wiring.Journal(setup.out_dir, display)
@@ -174,7 +178,7 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                     tenants=tenants,
                     seed=identity.seed,
                     minter=planner.minter,
-                    settings=_settings(config, identity),
+                    settings=_settings(config, identity, calibration),
                 )
             )
             runner = Runner(
@@ -251,8 +255,11 @@ async def _cache_probe(
     )
 
 
-def _settings(config: RunConfig, identity: RunIdentity) -> dict[str, Any]:
+def _settings(
+    config: RunConfig, identity: RunIdentity, calibration: PromptTokenOffset | None
+) -> dict[str, Any]:
     settings = config.to_record()
+    settings["prompt_token_offset"] = calibration.to_dict() if calibration is not None else None
     settings["resumed"] = identity.resumed
     settings["elapsed_before_s"] = identity.elapsed_s
     # the budget and pacing as applied, defaults included
@@ -277,7 +284,7 @@ def _budget(config: RunConfig) -> Budget:
 
 async def _planner(
     setup: _Setup, http: httpx.AsyncClient, target: wiring.Contact, display: ProgressDisplay
-) -> Planner:
+) -> tuple[Planner, PromptTokenOffset | None]:
     config, tenants, identity = setup.config, setup.tenants, setup.identity
     base_url, model = target.base_url, target.model
     tokenizer, remote = setup.tokenizer, None
@@ -291,6 +298,16 @@ async def _planner(
     num_chat_tokens = 0
     if config.api == "chat":
         num_chat_tokens = await chat_overhead(http, base_url, model, tokenizer, remote, tenants[0])
+    calibration = await wiring.calibrate(
+        http,
+        target,
+        config.api,
+        tokenizer,
+        tenants[0],
+        chat_overhead_tokens=num_chat_tokens,
+        display=display,
+    )
+    limits = planning_limits(target.limits, calibration)
     minter = wiring.canary_minter(identity.seed, identity.run_id, seeded=config.seed is not None)
     planner = await asyncio.to_thread(  # may count tokens, which a server tokenizer needs
         Planner,
@@ -298,12 +315,12 @@ async def _planner(
         setup.profile,
         tokenizer,
         minter,
-        target.limits,
+        limits,
         api=config.api,
-        page_size=target.limits.page_size,
+        page_size=limits.page_size,
         seed=identity.seed,
         chat_overhead_tokens=num_chat_tokens,
         first_request=identity.next_request,
     )
     planner.index.owner_of = wiring.owner_of(tenants)
-    return planner
+    return planner, calibration

@@ -42,9 +42,14 @@ from harness.record.journal import JOURNAL_NAME, JournalWriter
 from harness.run.interrupts import sigterm_as_interrupt
 from harness.run.progress import ProgressDisplay
 from harness.run.seams import Detectors, TimingChecker
+from harness.target.calibration import (
+    PromptTokenOffset,
+    measure_prompt_token_offset,
+)
 from harness.target.client import TargetClient, make_http_client
 from harness.target.limits import limits_from_facts
 from harness.target.server_info import EngineFacts, read_engine_facts
+from tenants.plan import ApiStyle
 from tenants.planner import request_id
 from tenants.tenant import Tenant
 
@@ -176,6 +181,49 @@ async def contact(
     return Contact(base_url, facts, limits, name)
 
 
+CALIBRATION_TIMEOUT_S = 15.0
+"""One short request; a target slower than this is run without the correction."""
+MAX_PROMPT_TOKEN_OFFSET = 16
+"""A server adds a BOS token, maybe a few more; an offset beyond this is not a convention."""
+
+
+async def calibrate(
+    http: httpx.AsyncClient,
+    target: Contact,
+    api: ApiStyle,
+    tokenizer: Tokenizer,
+    tenant: Tenant,
+    *,
+    chat_overhead_tokens: int,
+    display: ProgressDisplay,
+) -> PromptTokenOffset | None:
+    """The tokens the server adds to every prompt (BOS, ...), measured by one short request;
+    None where the measurement is not plausible (then nothing is corrected)."""
+    try:
+        async with asyncio.timeout(CALIBRATION_TIMEOUT_S):
+            measured = await measure_prompt_token_offset(
+                http,
+                target.base_url,
+                target.model,
+                api,
+                tokenizer,
+                tenant,
+                chat_overhead_tokens=chat_overhead_tokens,
+            )
+    except (ConfigError, TimeoutError) as exc:  # the run itself shows what the target does
+        why = str(exc) or f"no answer within {CALIBRATION_TIMEOUT_S:g} s"
+        display.note(f"calibration: not measured ({why}); no offset applied")
+        return None
+    if abs(measured.offset) > MAX_PROMPT_TOKEN_OFFSET:
+        display.note(
+            f"calibration: {measured.describe()}; more than {MAX_PROMPT_TOKEN_OFFSET} tokens "
+            "is no tokenizer convention, so nothing is corrected"
+        )
+        return None
+    display.note(f"calibration: {measured.describe()}")
+    return measured
+
+
 def target_client(http: httpx.AsyncClient, contact: Contact, deadline_s: float) -> TargetClient:
     return TargetClient(
         http,
@@ -212,11 +260,15 @@ def detectors(
     *,
     keep_raw_evidence: bool,
     timing: TimingChecker | None = None,
+    calibration: PromptTokenOffset | None = None,
 ) -> Detectors:
     """Content (other tenants' canaries), protocol (what was accepted) and timing."""
+    offsets: dict[str, int] | None = None
+    if calibration is not None:
+        offsets = {calibration.api: calibration.offset}
     return Detectors(
         ContentDetector(index, redact_excerpts=not keep_raw_evidence),
-        ProtocolDetector(limits),
+        ProtocolDetector(limits, prompt_token_offsets=offsets),
         timing if timing is not None else TimingDetector(),
     )
 

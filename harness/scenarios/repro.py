@@ -19,6 +19,7 @@ from typing import IO
 
 import httpx
 
+from canaries import Tokenizer
 from canaries.errors import ConfigError, RunIncomplete
 from harness.detectors.timing import TimingDetector
 from harness.record.events import FindingRecorded, Limits, RunFinished, TimingFitted
@@ -31,6 +32,7 @@ from harness.run.progress import ProgressDisplay
 from harness.scenarios.judge import ReproResult, StepReport, judge
 from harness.scenarios.schema import Scenario
 from harness.scenarios.steps import DeferredFinish, Steps
+from harness.target.calibration import planning_limits
 from tenants.planner import Planner
 from tenants.tenant import Tenant
 from tenants.workload import WorkloadProfile
@@ -173,7 +175,20 @@ async def _run(
         seed = scenario.seed
         seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
         run_id = new_run_id()
-        planner = _planner(scenario, tenants, target.limits, seed, run_id)
+        tokenizer = wiring.local_tokenizer(
+            scenario.client.tokenizer, f"{scenario.source}: [client] tokenizer"
+        )
+        calibration = await wiring.calibrate(
+            http,
+            target,
+            "completions",
+            tokenizer,
+            tenants[0],
+            chat_overhead_tokens=0,
+            display=display,
+        )
+        limits = planning_limits(target.limits, calibration)
+        planner = _planner(scenario, tenants, tokenizer, limits, seed, run_id)
         client = wiring.target_client(http, target, scenario.client.timeout_s)
         await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
         journal = wiring.Journal(out_dir, display)
@@ -183,6 +198,7 @@ async def _run(
             target.limits,
             keep_raw_evidence=keep_raw_evidence,
             timing=DeferredFinish(timing),
+            calibration=calibration,
         )
         steps = Steps(
             scenario, planner, client, tenants, detectors, journal.emit, keep_raw_evidence,
@@ -237,13 +253,11 @@ def _check_sizes(scenario: Scenario, limits: Limits) -> None:
 def _planner(
     scenario: Scenario,
     tenants: list[Tenant],
+    tokenizer: Tokenizer,
     limits: Limits,
     seed: int,
     run_id: str,
 ) -> Planner:
-    tokenizer = wiring.local_tokenizer(
-        scenario.client.tokenizer, f"{scenario.source}: [client] tokenizer"
-    )
     sizes = {kind: [s for step in scenario.send_steps if step.kind == kind for s in step.sizes]
              for kind in ("victims", "probes", "disconnect")}  # fmt: skip
     profile = WorkloadProfile(

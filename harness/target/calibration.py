@@ -21,6 +21,7 @@ count smaller than the tokenizer's: that is the wrong tokenizer, a `ConfigError`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ import httpx
 
 from canaries import TAG, Tokenizer
 from canaries.errors import ConfigError
+from harness.record.events import Limits
 from tenants.plan import ApiStyle
 from tenants.planner import CHAT_INSTRUCTION
 from tenants.tenant import Tenant
@@ -122,3 +124,16 @@ def _prompt_tokens(answer: Any) -> int | None:
     usage = answer.get("usage") if isinstance(answer, dict) else None
     value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def planning_limits(limits: Limits, calibration: PromptTokenOffset | None) -> Limits:
+    """The limits in kvcanary's own token count: a `limit-1` victim is then `limit-1` tokens
+    as the server counts them (its added tokens included)."""
+    offset = calibration.offset if calibration is not None else 0
+    if offset == 0:
+        return limits
+    return dataclasses.replace(
+        limits,
+        pool_tokens=limits.pool_tokens - offset,
+        context_tokens=limits.context_tokens - offset,
+    )

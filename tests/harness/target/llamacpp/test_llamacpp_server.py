@@ -5,6 +5,7 @@ without flags, `kvcanary audit` reads its n_ctx, and its BOS token is calibrated
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -122,3 +123,26 @@ def test_audit_probe_is_counted_by_llamacpp_and_refused(
     assert probe["token_count"] == "exact (server /tokenize)"
     assert probe["num_tokens"] > N_CTX_PER_SLOT
     assert (probe["outcome"], probe["status"], status) == ("rejected", 400, 0)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_a_run_against_llamacpp_is_clean(
+    bpe_server: LlamaServer, tmp_path: Path, api: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama.cpp keeps each slot's KV to itself: the run must find nothing, BOS included.
+
+    (The byte-level model is not run end to end yet: its canaries take 46 tokens, which no
+    page size of 80 can attribute; that waits for the tokenizer-derived canary alphabet.)
+    """
+    llama_server = bpe_server
+    out = tmp_path / "run"
+    argv = ["run", "--target", llama_server.url, "--tokenizer", "server", "--api", api]
+    argv += ["--page-size", "80", "--requests", "40", "--concurrency", "2", "--seed", "3"]
+    status = main([*argv, "--out", str(out)])
+    printed = capsys.readouterr()
+    assert (out / "summary.json").exists(), printed.err[-600:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["findings_total"] == 0, summary["counts"]["findings"]
+    assert status == 0, printed.out
+    assert printed.out.startswith("verdict: CLEAN")
+    assert "calibration: " in printed.err
