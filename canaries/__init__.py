@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from canaries.normalize import fold as fold
     from canaries.prompt import BuiltPrompt as BuiltPrompt
     from canaries.prompt import build_prompt as build_prompt
-    from canaries.redact import redact as redact
     from canaries.remote_tokenizer import RemoteTokenizer as RemoteTokenizer
     from canaries.shape import CANARY_PATTERN as CANARY_PATTERN
     from canaries.shape import TAG as TAG
@@ -39,6 +38,10 @@ if TYPE_CHECKING:
     from canaries.span import CanarySpan as CanarySpan
     from canaries.tokenizer import Tokenizer as Tokenizer
     from canaries.tokenizer import load_tokenizer as load_tokenizer
+
+# Eager, and light (hashlib): a lazy `redact` would be shadowed by the submodule of the same
+# name as soon as anything imports `canaries.redact` directly.
+from canaries.redact import redact
 
 _EXPORTS: dict[str, str] = {
     "CanaryError": "canaries.errors",
@@ -55,7 +58,6 @@ _EXPORTS: dict[str, str] = {
     "fold": "canaries.normalize",
     "BuiltPrompt": "canaries.prompt",
     "build_prompt": "canaries.prompt",
-    "redact": "canaries.redact",
     "RemoteTokenizer": "canaries.remote_tokenizer",
     "CANARY_PATTERN": "canaries.shape",
     "TAG": "canaries.shape",

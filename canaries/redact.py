@@ -4,6 +4,10 @@ Against a real deployment, the text around a leaked canary may be another custom
 data. `redact` keeps every hit span verbatim and replaces each run of other text with a
 marker that says how long it was and gives a short SHA-256 of it, so evidence can be
 compared without being disclosed: `[… 1234 chars redacted, sha256:0123abcd …]`.
+
+`scrub_secrets` removes credentials a target echoed back (some gateways and debug servers
+quote the Authorization header in error bodies): every occurrence of a tenant's secret is
+replaced by `[credential redacted]`, in raw evidence too.
 """
 
 from __future__ import annotations
@@ -36,3 +40,16 @@ def redact(text: str, hits: Sequence[Hit]) -> str:
 def _marker(hidden: str) -> str:
     digest = hashlib.sha256(hidden.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"[… {len(hidden)} chars redacted, sha256:{digest} …]"
+
+
+MIN_SECRET_CHARS = 6
+"""Shorter values (a test's `x`) would scrub ordinary text; no real credential is this short."""
+SECRET_MARKER = "[credential redacted]"
+
+
+def scrub_secrets(text: str, secrets: Sequence[str]) -> str:
+    """`text` with every occurrence of each secret (longest first) replaced by a marker."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= MIN_SECRET_CHARS and secret in text:
+            text = text.replace(secret, SECRET_MARKER)
+    return text

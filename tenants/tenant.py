@@ -76,6 +76,17 @@ class Tenant:
         # a private copy (not a read-only proxy, so tenants still pickle and `asdict`)
         object.__setattr__(self, "headers", dict(self.headers))
 
+    def secrets(self, environ: Mapping[str, str] = os.environ) -> set[str]:
+        """What this tenant sends that must never be journaled: every header value it adds,
+        and a bearer token without its scheme."""
+        found: set[str] = set()
+        for value in self.auth_headers(environ).values():
+            found.add(value)
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token:
+                found.add(token)
+        return found
+
     def auth_headers(self, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
         """Every header this tenant adds to a request, credentials resolved from `environ` now."""
         resolved: dict[str, str] = {}

@@ -7,8 +7,12 @@ queueing (waiting for a concurrency slot) is kept apart from TTFT.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from canaries.redact import scrub_secrets
 
 ErrorKind = Literal[
     "http_status",  # a non-2xx status with an error body
@@ -57,6 +61,17 @@ class Observation:
     """Set when the first attempt failed on a reused keep-alive connection before any byte of
     the answer arrived: what it failed with. Everything above is the second attempt's, sent
     on a fresh connection (`harness.target.keepalive`)."""
+
+    def without_secrets(self, secrets: Sequence[str]) -> Observation:
+        """This observation with every secret scrubbed from the text and the error (a target
+        may quote the Authorization header back in an error body)."""
+        if not secrets:
+            return self
+        text = scrub_secrets(self.text, secrets)
+        error = scrub_secrets(self.error, secrets) if self.error else self.error
+        if text == self.text and error == self.error:
+            return self
+        return dataclasses.replace(self, text=text, error=error)
 
     @property
     def ok(self) -> bool:

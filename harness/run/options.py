@@ -275,9 +275,10 @@ OPTIONS: tuple[Option, ...] = (
         "engine_preset",
         parse_text,
         "vulnerable",
-        "Preset of the bundled engine (used without --target).",
-        metavar="vulnerable|hardened",
-        choices=("vulnerable", "hardened"),
+        "Preset of the bundled engine (used without --target): vulnerable (the incident), "
+        "patched (the incident's pools, every fix on) or hardened (pools cover the context).",
+        metavar="vulnerable|patched|hardened",
+        choices=("vulnerable", "patched", "hardened"),
         variants=(
             (
                 "plugin",

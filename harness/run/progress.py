@@ -29,6 +29,8 @@ from harness.record.events import (
     PhaseStarted,
     PlanRecorded,
     RunFinished,
+    TargetServing,
+    TargetUnhealthy,
 )
 from harness.run.options import format_duration
 
@@ -105,6 +107,14 @@ class ProgressDisplay:
             self.note(f"phase {event.phase}")
         elif isinstance(event, FindingRecorded):
             self._finding(event)
+        elif isinstance(event, TargetUnhealthy):
+            why = f" (last: {event.last_error})" if event.last_error else ""
+            self.note(
+                f"the target stopped serving: {event.num_failed} requests in a row failed after "
+                f"{event.num_served_before} were answered{why}; what follows is untested"
+            )
+        elif isinstance(event, TargetServing):
+            self.note(f"the target answers again after {event.num_failed} failed request(s)")
         elif isinstance(event, RunFinished):
             return
         self._maybe_status_line()

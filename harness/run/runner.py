@@ -106,6 +106,8 @@ class Runner:
     ) -> None:
         self._sender = sender
         self._tenants = dict(tenants)
+        self._secrets = tuple({s for tenant in self._tenants.values() for s in tenant.secrets()})
+        """Credential values of every tenant: scrubbed from whatever the target sends back."""
         self._workload = workload
         self._index = index
         self._detectors = detectors
@@ -317,6 +319,7 @@ class Runner:
             *self._detectors.protocol.check(plan, obs),
             *self._detectors.timing.observe(plan, obs),
         ]
+        obs = obs.without_secrets(self._secrets)  # whatever the target echoed back
         if obs.text and not self._keep_raw_evidence:
             obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)
         self._emit(ObservationRecorded(obs))

@@ -25,6 +25,7 @@ import httpx
 
 from canaries import Tokenizer
 from canaries.errors import RunIncomplete
+from harness.cache_probe.phase import run_probe_phase
 from harness.record.events import Limits
 from harness.record.journal import JOURNAL_NAME
 from harness.record.verdict import Verdict
@@ -243,7 +244,7 @@ async def _cache_probe(
         chat_overhead_tokens=planner.chat_overhead_tokens,
         seed=setup.identity.seed,
     )
-    await wiring.cache_probe(
+    await run_probe_phase(
         client,
         setup.tenants,
         planner.tokenizer,

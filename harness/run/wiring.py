@@ -34,6 +34,7 @@ from canaries import (
     load_tokenizer,
 )
 from canaries.errors import ConfigError, RunIncomplete
+from canaries.redact import scrub_secrets
 from harness.detectors.content import ContentDetector
 from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
@@ -54,7 +55,6 @@ from tenants.planner import request_id
 from tenants.tenant import Tenant
 
 if TYPE_CHECKING:
-    from harness.cache_probe.probe import CacheProbeResult, ProbeSettings
     from reports.render import RenderResult
 
 MAX_RESPONSE_BYTES = 1024 * 1024
@@ -211,7 +211,9 @@ async def calibrate(
                 chat_overhead_tokens=chat_overhead_tokens,
             )
     except (ConfigError, TimeoutError) as exc:  # the run itself shows what the target does
-        why = str(exc) or f"no answer within {CALIBRATION_TIMEOUT_S:g} s"
+        why = scrub_secrets(str(exc), list(tenant.secrets())) or (
+            f"no answer within {CALIBRATION_TIMEOUT_S:g} s"
+        )
         display.note(f"calibration: not measured ({why}); no offset applied")
         return None
     if abs(measured.offset) > MAX_PROMPT_TOKEN_OFFSET:
@@ -341,39 +343,6 @@ def frozen_heap() -> Iterator[None]:
 
 
 # -- after the workload ----------------------------------------------------------------
-
-
-async def cache_probe(
-    client: TargetClient,
-    tenants: Sequence[Tenant],
-    tokenizer: Tokenizer,
-    settings: ProbeSettings,
-    *,
-    salts: bool,
-    emit: Callable[[Event], None],
-    display: ProgressDisplay,
-    wrap: Callable[[Any], contextlib.AbstractContextManager[None]] | None = None,
-) -> tuple[CacheProbeResult, int]:
-    """The prefix-cache probe: trials designed, sent and judged; findings journaled.
-
-    Returns the result and how many requests it sent. `wrap(probe)` surrounds the sending
-    (the session's Ctrl-C handling). Raises `ConfigError` for a design the limits cannot hold.
-    """
-    from harness.cache_probe.probe import CacheProbe, design_trials, probe_tenants
-
-    salted = probe_tenants(list(tenants), salts=salts)
-    design = await asyncio.to_thread(design_trials, salted, tokenizer, settings)
-    display.note(
-        f"cache probe: {design.num_requests} requests, {len(design.pairs)} tenant pairs, "
-        f"{settings.num_trials} trials per arm, {settings.num_prefix_tokens}-token shared "
-        f"prefix of {settings.num_prompt_tokens}"
-    )
-    probe = CacheProbe(client, design, emit=emit)
-    with wrap(probe) if wrap is not None else contextlib.nullcontext():
-        result = await probe.run()
-    verdict = str(result.verdict).upper()
-    display.note(f"cache probe: {verdict}: {'; '.join(result.assessment.reasons)}")
-    return result, design.num_requests
 
 
 def render(out_dir: Path, *, keep_raw_evidence: bool, display: ProgressDisplay) -> RenderResult:

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from canaries.errors import ConfigError
+from harness.cache_probe.phase import run_probe_phase
 from harness.detectors.timing import TimingDetector
 from harness.record.events import Event, Limits, PhaseStarted, RunFinished
 from harness.record.finding import Finding
 from harness.record.observation import Observation
 from harness.record.ttft_model import TtftModel
-from harness.run import wiring
 from harness.run.arrivals import ClosedLoop
 from harness.run.progress import ProgressDisplay
 from harness.run.runner import Budget, Detectors, Phase, Runner, Sender, Workload
@@ -98,7 +98,7 @@ class Steps:
             fields["num_prompt_tokens"] = step.prompt_tokens
         try:
             settings = settings_for(self.limits, prefix_fraction=step.prefix_fraction, **fields)
-            result, num_requests = await wiring.cache_probe(
+            result, num_requests = await run_probe_phase(
                 self.client,
                 [self.tenants[n] for n in names],
                 self.planner.tokenizer,

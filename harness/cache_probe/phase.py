@@ -1,0 +1,54 @@
+"""The prefix-cache probe as a run's phase: trials designed for the run's tenants, sent
+through the run's client, judged, journaled. `kvcanary run --cache-probe` runs it after the
+workload; a scenario's `cache_probe` step runs it between other steps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from canaries import Tokenizer
+from harness.cache_probe.probe import (
+    CacheProbe,
+    CacheProbeResult,
+    ProbeSettings,
+    design_trials,
+    probe_tenants,
+)
+from harness.record.events import Event
+from harness.run.progress import ProgressDisplay
+from harness.target.client import TargetClient
+from tenants.tenant import Tenant
+
+
+async def run_probe_phase(
+    client: TargetClient,
+    tenants: Sequence[Tenant],
+    tokenizer: Tokenizer,
+    settings: ProbeSettings,
+    *,
+    salts: bool,
+    emit: Callable[[Event], None],
+    display: ProgressDisplay,
+    wrap: Callable[[Any], contextlib.AbstractContextManager[None]] | None = None,
+) -> tuple[CacheProbeResult, int]:
+    """The prefix-cache probe: trials designed, sent and judged; findings journaled.
+
+    Returns the result and how many requests it sent. `wrap(probe)` surrounds the sending
+    (the session's Ctrl-C handling). Raises `ConfigError` for a design the limits cannot hold.
+    """
+    salted = probe_tenants(list(tenants), salts=salts)
+    design = await asyncio.to_thread(design_trials, salted, tokenizer, settings)
+    display.note(
+        f"cache probe: {design.num_requests} requests, {len(design.pairs)} tenant pairs, "
+        f"{settings.num_trials} trials per arm, {settings.num_prefix_tokens}-token shared "
+        f"prefix of {settings.num_prompt_tokens}"
+    )
+    probe = CacheProbe(client, design, emit=emit)
+    with wrap(probe) if wrap is not None else contextlib.nullcontext():
+        result = await probe.run()
+    verdict = str(result.verdict).upper()
+    display.note(f"cache probe: {verdict}: {'; '.join(result.assessment.reasons)}")
+    return result, design.num_requests
