@@ -215,6 +215,8 @@ def load_config_file(path: str | Path, command: Command) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: cannot read it ({exc.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: nested too deeply to be a config file") from None
     for table in document:
         if table not in ("run", "soak"):
             raise ConfigError(f"config file {path}: unknown table [{table}] (use [run])")

@@ -87,6 +87,8 @@ def run_session(
     tokenizer = None
     if config.tokenizer != "server":
         tokenizer = wiring.local_tokenizer(config.tokenizer, "--tokenizer")
+        if config.page_size is not None:
+            wiring.check_page_size(tokenizer, config.page_size)
     out_dir, identity = prepare_run_dir(config)
     setup = _Setup(config, out_dir, identity, tenants, profile, tokenizer)
     display = ProgressDisplay(

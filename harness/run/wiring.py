@@ -74,6 +74,16 @@ def local_tokenizer(spec: str, where: str) -> Tokenizer:
         raise ConfigError(f"{where} {spec}: {exc}") from None
 
 
+def check_page_size(tokenizer: Tokenizer, page_size: int) -> None:
+    """Refuse, before anything starts, a page size no canary of this tokenizer fits."""
+    num_tokens = CanaryMinter.random().num_tokens(tokenizer)
+    if 2 * num_tokens - 1 > page_size:
+        raise ConfigError(
+            f"--page-size {page_size}: a canary takes {num_tokens} tokens in this tokenizer, so "
+            f"only pages of at least {2 * num_tokens - 1} tokens each hold a complete one"
+        )
+
+
 def check_credentials(tenants: Sequence[Tenant]) -> None:
     """A missing credential variable is a usage error, raised before any I/O."""
     for tenant in tenants:

@@ -308,6 +308,8 @@ def parse_scenario(
         line = re.search(r"at line (\d+)", str(exc))
         where = f"{source}:{line.group(1)}" if line else source
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a scenario") from None
     from harness.scenarios.checker import ScenarioChecker
 
     return ScenarioChecker(source, text).scenario(document, dict(params or {}))

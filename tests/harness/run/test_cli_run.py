@@ -131,6 +131,8 @@ def of_type(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
             ["run", "--target", "http://127.0.0.1:9", "--api-key-env", "KVCANARY_TEST_UNSET"],
             "KVCANARY_TEST_UNSET is not set",
         ),
+        # before the bundled engine starts (it takes seconds), not after
+        (["run", "--page-size", "8"], "only pages of at least 13 tokens"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(
@@ -141,6 +143,16 @@ def test_usage_errors_exit_2_with_one_line(
     assert message in err
     assert len(err.splitlines()) == 1
     assert not (tmp_path / "out" / "journal.jsonl").exists()
+    assert not (tmp_path / "out").exists()  # a run that fails validation leaves nothing
+
+
+def test_a_config_file_nested_5000_deep_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kvcanary.toml"
+    config.write_text("[run]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    assert main(["run", "--config", str(config)]) == 2
+    assert "nested too deeply" in capsys.readouterr().err
 
 
 def test_bad_flag_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from harness.scenarios.schema import (
 )
 
 SHIPPED = ("glm53-incident", "glm53-incident-target", "hardened-control", "mid-transfer-abort",
-           "sglang-30233")  # fmt: skip
+           "patched-control", "sglang-30233")  # fmt: skip
 
 VALID = """\
 name = "example"
@@ -271,6 +271,12 @@ def test_invalid_toml_reports_the_parsers_line() -> None:
     assert error_of(text).startswith(f"bad.toml:{line_of(text, 'count = = 3')}: not valid TOML")
 
 
+def test_a_file_nested_5000_deep_is_a_one_line_error() -> None:
+    assert error_of("x = " + "[" * 5000 + "]" * 5000 + "\n") == (
+        "bad.toml: nested too deeply to be a scenario"
+    )
+
+
 def test_keys_inside_multiline_strings_and_arrays_are_not_taken_for_keys() -> None:
     text = replaced(
         'description = "a scenario used by the schema tests"',
@@ -321,5 +327,6 @@ def test_scenarios_lists_every_shipped_scenario(capsys: pytest.CaptureFixture[st
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:] if line[:1].isalnum()}
     assert set(shipped_names()) <= set(rows)
     assert rows["hardened-control"] == "clean"
+    assert rows["patched-control"] == "clean"
     assert rows["glm53-incident"] == "leak"
     assert "params: pool_tokens=discover context_tokens=discover" in out
