@@ -4,21 +4,27 @@ Each measurement runs in a fresh Python process, so peak RSS (`resource.getrusag
 to that step alone:
 
 - `import`: import `reports.render` and do nothing (the fixed cost every step includes);
-- `parse`: stream the journal through `harness.record.journal.read_journal` and count events (the
-  baseline: no report can be faster than reading its journal once);
-- `frames`: `reports.frames.load_frames` (the columnar tables);
+- `parse`: stream the journal through `harness.record.journal.read_journal` and count events
+  (one event-by-event pass: what every report cost before `reports.journal_scan`);
+- `frames`: `reports.frames.load_frames` (the columnar tables, through the fast path);
 - `render`: `reports.render.render_run`, all formats (summary.json, evidence/, report.md,
-  junit.xml, report.html with its plots).
+  junit.xml, report.html with its plots);
+- `render-events`: the same, with the fast path switched off (every read event by event);
+- `render-baseline`: `render_run` of the `reports` package as committed at `--baseline`
+  (default `HEAD`, extracted read-only with `git archive` into the work directory and put
+  first on `PYTHONPATH`), on the same journal in the same run: today's figure.
 
 Figures are reported as ratios against `parse` from the same run. Usage:
 
     .venv/bin/python benchmarks/bench_reports.py [--sizes 10000,1000000] [--workdir DIR]
+        [--baseline REF | --baseline none] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -26,9 +32,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("import", "parse", "frames", "render")
+STEPS = ("import", "parse", "frames", "render", "render-events", "render-baseline")
 
 
 def child(step: str, run_dir: Path) -> None:
@@ -45,7 +52,9 @@ def child(step: str, run_dir: Path) -> None:
         frames = load_frames(run_dir)
         detail["num_requests"] = len(frames.requests)
         detail["frame_mb"] = round(frames.requests.memory_usage(deep=True).sum() / 2**20, 1)
-    elif step == "render":
+    elif step in ("render", "render-events", "render-baseline"):
+        if step == "render-events":
+            _without_fast_path()
         result = render_run(run_dir)
         assert not result.errors, result.errors
         detail["verdict"] = str(result.verdict)
@@ -55,13 +64,40 @@ def child(step: str, run_dir: Path) -> None:
     print(json.dumps({"seconds": seconds, "peak_mb": peak_mb, **detail}))
 
 
-def measure(step: str, run_dir: Path) -> dict[str, float]:
+def _without_fast_path() -> None:
+    from reports import frames, journal_scan, render
+
+    def slow(*args: object) -> Any:
+        raise journal_scan.SlowPathNeeded("switched off by the benchmark")
+
+    frames.request_table = slow
+    render.request_lines = slow
+
+
+def baseline_reports(ref: str, workdir: Path) -> Path:
+    """The `reports` package as committed at `ref`, extracted (read-only) under `workdir`."""
+    target = workdir / f"baseline-{ref.replace('/', '_')}"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", ref, "reports"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def measure(step: str, run_dir: Path, baseline: Path | None = None) -> dict[str, float]:
+    env = dict(os.environ)
+    if step == "render-baseline":
+        assert baseline is not None
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline), env.get("PYTHONPATH")]))
     completed = subprocess.run(
         [sys.executable, __file__, "--child", step, str(run_dir)],
         capture_output=True,
         text=True,
         check=True,
         cwd=ROOT,
+        env=env,
     )
     result: dict[str, float] = json.loads(completed.stdout.strip().splitlines()[-1])
     return result
@@ -80,22 +116,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,1000000")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--baseline", default="HEAD", help="git ref to compare with, or none")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the journals in --workdir and reuse them"
+    )
     parser.add_argument("--child", nargs=2, metavar=("STEP", "RUN_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], Path(args.child[1]))
         return
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-reports-"))
+    baseline = None if args.baseline == "none" else baseline_reports(args.baseline, workdir)
+    steps = [step for step in STEPS if baseline is not None or step != "render-baseline"]
     print("| requests | journal MB | step | seconds | × parse | peak RSS MB | notes |")
     print("|---:|---:|---|---:|---:|---:|---|")
     for num_requests in (int(size) for size in args.sizes.split(",")):
         run_dir = workdir / f"run-{num_requests}"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        record_s = record_journal(run_dir, num_requests)
+        if args.keep and (run_dir / "journal.jsonl").exists():
+            record_s = float("nan")  # recorded by an earlier run
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            record_s = record_journal(run_dir, num_requests)
         journal_mb = sum(p.stat().st_size for p in run_dir.glob("journal*.jsonl")) / 2**20
-        results = {step: measure(step, run_dir) for step in STEPS}
+        results = {step: measure(step, run_dir, baseline) for step in steps}
         parse_s = results["parse"]["seconds"]
-        for step in STEPS:
+        for step in steps:
             result = results[step]
             notes = ", ".join(
                 f"{key} {value}"
@@ -110,7 +155,8 @@ def main() -> None:
                 f"| {ratio} | {result['peak_mb']:,.0f} | {notes} |",
                 flush=True,
             )
-        shutil.rmtree(run_dir)
+        if not args.keep:
+            shutil.rmtree(run_dir)
     if args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -4,6 +4,7 @@ Top-level imports stay light (argparse only) so `kvcanary --help` is instant; pa
 matplotlib load inside the handler. Exit status follows the verdict: 0 clean, 1 leak,
 3 inconclusive; 2 for bad usage (no such directory, no journal, an unknown format).
 A report that could not be fully written also exits non-zero (3 unless the verdict is leak).
+It ends with the same verdict block as `kvcanary run` (`reports.verdict_block`).
 """
 
 from __future__ import annotations
@@ -60,16 +61,27 @@ def run_report(args: argparse.Namespace) -> int:
         keep_raw_evidence=args.keep_raw_evidence,
         out_dir=args.out,
     )
-    for name, path in result.paths.items():
-        print(f"{name}: {path}")
+    from reports.verdict_block import verdict_block
+
     for name, reason in result.errors.items():
         print(f"kvcanary: report: {name} failed: {reason}", file=sys.stderr)
-    counts = result.summary["counts"]
+    summary = result.summary
     print(
-        f"verdict: {result.verdict} ({counts['findings_total']} finding(s), "
-        f"{counts['requests']['total']} request(s))"
+        verdict_block(
+            str(result.verdict),
+            summary["verdict_reasons"],
+            summary["finished"]["reason"],
+            {**result.paths, **_journal(args.run_dir)},
+        )
     )
     status = result.verdict.exit_status
     if result.errors and status == 0:
         return EXIT_RENDER_FAILED
     return status
+
+
+def _journal(run_dir: Path) -> dict[str, Path]:
+    from harness.record.journal import journal_segments
+
+    segments = journal_segments(run_dir)
+    return {"journal": segments[-1]} if segments else {}

@@ -1,17 +1,21 @@
 """A run's journal as pandas tables: requests, findings, and aggregates per tenant and size.
 
-`load_frames` is a pure function of the journal. It streams events once and builds columns
-incrementally in Arrow record batches, so a journal of millions of observations never holds
-more event objects than there are requests in flight (a plan waits in `pending` only until
-its observation arrives). Response text, hashes and other per-request blobs are left out:
-text may be another customer's data, and the few requests a finding names are re-read from
-the journal by `reports.evidence`, so a row costs under 200 bytes.
+`load_frames` is a pure function of the journal. It reads plans and observations through
+`reports.journal_scan` (Arrow's JSON reader, no event objects) where that path can read the
+journal exactly, and otherwise through `frames_from_events`, which streams events once and
+builds columns incrementally in Arrow record batches, so a journal of millions of
+observations never holds more event objects than there are requests in flight (a plan waits
+in `pending` only until its observation arrives). Both give the same frames. Response
+text, hashes and other per-request blobs are left out: text may be another customer's data,
+and the few requests a finding names are re-read from the journal by `reports.evidence`, so
+a row costs under 200 bytes.
 
 It does not judge anything: verdicts live in `reports.summary`, detection in the harness.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,21 +34,25 @@ from harness.record.events import (
     ProbeFinished,
     RunFinished,
     RunStarted,
+    TargetServing,
+    TargetUnhealthy,
     TimingFitted,
 )
 from harness.record.journal import read_journal
 from harness.record.observation import Observation
+from reports.journal_scan import DELIBERATE_ERRORS, SlowPathNeeded, rare_events, request_table
 from tenants.plan import RequestPlan
 
 CHUNK_ROWS = 16_384
 MAX_ERROR_CHARS = 200
-OUTCOMES = ("accepted", "rejected", "errored", "unanswered")
+OUTCOMES = ("accepted", "rejected", "disconnected", "errored", "unanswered")
 
 _STR = pa.string()
 _CAT = pa.dictionary(pa.int32(), pa.string())
 _INT = pa.int64()
 _FLOAT = pa.float64()
 _BOOL = pa.bool_()
+_TYPES = {_INT: pd.Int64Dtype()}
 
 _PLAN_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("request_id", _STR),
@@ -121,6 +129,8 @@ class RunFrames:
     """Verdicts of the opt-in probe phases that ran (the cache probe)."""
     timing: TimingFitted | None = None
     """The timing detector's last journaled TTFT model (None: no fit was journaled)."""
+    health: tuple[TargetUnhealthy | TargetServing, ...] = ()
+    """When the target stopped serving mid-run, and when it answered again."""
 
 
 class _Columns:
@@ -156,7 +166,7 @@ class _Columns:
         # Arrow buffers are released column by column as pandas takes them over, so the
         # conversion never holds two full copies of a large run's tables.
         frame: pd.DataFrame = table.to_pandas(
-            types_mapper={_INT: pd.Int64Dtype()}.get, self_destruct=True, split_blocks=True
+            types_mapper=_TYPES.get, self_destruct=True, split_blocks=True
         )
         return frame
 
@@ -180,13 +190,16 @@ def _ms(ns: int | None) -> float | None:
 
 
 def outcome_of(observation: Observation) -> str:
-    """`accepted` (a success), `rejected` (an HTTP error status) or `errored` (anything else)."""
+    """`accepted` (a success), `rejected` (an HTTP error status), `disconnected` (ended by the
+    harness on purpose: `DELIBERATE_ERRORS`) or `errored` (anything else)."""
     if observation.ok:
         return "accepted"
     if observation.error_kind == "http_status" or (
         observation.status is not None and not 200 <= observation.status < 300
     ):
         return "rejected"
+    if observation.error_kind in DELIBERATE_ERRORS:
+        return "disconnected"
     return "errored"
 
 
@@ -245,6 +258,7 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
     phases: list[PhaseStarted] = []
     probes: list[ProbeFinished] = []
     timing: TimingFitted | None = None
+    health: list[TargetUnhealthy | TargetServing] = []
     pending: dict[str, tuple[Any, ...]] = {}
     requests = _Columns(REQUEST_SCHEMA)
     findings = _Columns(FINDING_SCHEMA)
@@ -269,18 +283,43 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
             probes.append(event)
         elif isinstance(event, TimingFitted):
             timing = event
+        elif isinstance(event, TargetUnhealthy | TargetServing):
+            health.append(event)
     for request_id, plan_row in pending.items():
         requests.append((request_id, *plan_row, *_NO_OBSERVATION))
     table = requests.to_pandas()
     _add_limit_ratios(table, run)
     return RunFrames(
-        run, finished, tuple(phases), table, findings.to_pandas(), tuple(probes), timing
+        run,
+        finished,
+        tuple(phases),
+        table,
+        findings.to_pandas(),
+        tuple(probes),
+        timing,
+        tuple(health),
     )
 
 
 def load_frames(run_dir: Path) -> RunFrames:
-    """The tables of the run recorded in `run_dir`."""
-    return frames_from_events(read_journal(run_dir))
+    """The tables of the run recorded in `run_dir`: through `reports.journal_scan` when it
+    can read the journal exactly, else event by event (skipping damage with a warning)."""
+    try:
+        events, longest_line = rare_events(run_dir)
+        frames = frames_from_events(events)
+        table = request_table(run_dir, longest_line)
+    except SlowPathNeeded:
+        return frames_from_events(read_journal(run_dir))
+    columns = {}
+    for field in REQUEST_SCHEMA:  # one column at a time: never all of Arrow and pandas at once
+        column = table.column(field.name).cast(field.type)
+        table = table.drop_columns([field.name])
+        columns[field.name] = column.to_pandas(types_mapper=_TYPES.get, self_destruct=True)
+        del column
+    requests = pd.DataFrame(columns, copy=False)
+    del columns
+    _add_limit_ratios(requests, frames.run)
+    return dataclasses.replace(frames, requests=requests)
 
 
 def _add_limit_ratios(requests: pd.DataFrame, run: RunStarted | None) -> None:

@@ -1,15 +1,20 @@
 """`report.html`: one self-contained page (inline CSS, plots as data URIs, no script).
 
-The page opens with the verdict, then each finding (who leaked to whom, which request, the
-redacted excerpt with canary markers highlighted, why the detector fired), then plots,
-per-tenant and per-size tables, and the run's metadata from `summary.json`. The template is
-autoescaped; the only markup built here is `<mark>` around canary spans in excerpts, built
-from escaped pieces.
+The page opens with the answer: the verdict and its reasons in one sentence, the leak matrix
+(reader tenant x owner tenant, coloured by count) with the time of the first leak, and every
+check's state ("not run" and "not judged" said as such). Then the plots; then the findings
+grouped by (kind, owner -> reader), each group with its count and first and last time, its
+first example open and the rest folded in `<details>` (at most
+`reports.groups.MAX_EXAMPLES_PER_GROUP` each: the page stays usable on a run of millions of
+requests, and `evidence/` has every finding); then per-tenant and per-size tables and the
+run's metadata from `summary.json`. The template is autoescaped; the only markup built here
+is `<mark>` around canary spans in excerpts, built from escaped pieces.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
@@ -17,8 +22,11 @@ import pandas as pd
 from markupsafe import Markup, escape
 
 from canaries.shape import CANARY_PATTERN
-from reports.findings import FindingView
+from reports.checks import check_states
+from reports.findings import MAX_LISTED_FINDINGS, FindingView
 from reports.frames import RunFrames, size_table, tenant_table
+from reports.groups import MAX_EXAMPLES_PER_GROUP, group_findings
+from reports.plots import Plot
 
 
 def highlight(excerpt: str, markers: list[str | None]) -> Markup:
@@ -68,6 +76,7 @@ _HEADINGS = {
     "num_requests": "requests",
     "num_accepted": "accepted",
     "num_rejected": "rejected",
+    "num_disconnected": "disconnected (planned)",
     "num_errored": "errored",
     "num_unanswered": "unanswered",
     "num_prompt_tokens_min": "min tokens",
@@ -95,22 +104,78 @@ def _display(value: Any) -> str:
     return str(value)
 
 
+# Shown elsewhere on the page (the verdict header, the run table, the limits line):
+# repeating the raw setting below the real value (`seed None` under `seed 274478309`) only
+# confuses.
+_SHOWN_SETTINGS = frozenset(
+    {"target", "model", "api", "seed", "tenants", "page_size", "keep_raw_evidence"}
+)
+
+
+def run_settings(summary: dict[str, Any]) -> dict[str, Any]:
+    """The settings the Run table lists: none shown elsewhere, none left unset."""
+    return {
+        name: value
+        for name, value in summary["settings"].items()
+        if name not in _SHOWN_SETTINGS and value is not None and value != []
+    }
+
+
+def clock(t_wall: float | None, start: float | None) -> str:
+    """`14:03:21 UTC (+2.3 s)`: a time of the run, and how far into the run it was."""
+    if t_wall is None:
+        return "—"
+    text = datetime.fromtimestamp(t_wall, UTC).strftime("%H:%M:%S UTC")
+    if start is not None:
+        text += f" (+{t_wall - start:,.1f} s)"
+    return text
+
+
+def cell_style(count: int, top: int) -> str:
+    """A matrix cell's colours: white for none, then deeper red the more leaks."""
+    if count <= 0 or top <= 0:
+        return "background:#f4f6f6;color:#99a3a4"
+    strength = 0.25 + 0.75 * count / top
+    red, green, blue = (round(255 - (255 - c) * strength) for c in (176, 58, 46))
+    ink = "#fff" if strength > 0.55 else "#641e16"
+    return f"background:rgb({red},{green},{blue});color:{ink}"
+
+
 def render_html(
     frames: RunFrames,
     summary: dict[str, Any],
     findings: list[FindingView],
     num_not_listed: int,
-    plots: dict[str, str | None],
+    plots: dict[str, Plot | None],
     plot_notes: dict[str, str],
 ) -> str:
-    """The page. `plots` maps a plot name to a data URI (None: nothing to draw)."""
-    template = _environment().get_template("report.html.j2")
+    """The page. `plots` maps a plot name to what was drawn (None: nothing to draw)."""
+    environment = _environment()
+    environment.globals.update(clock=clock, cell_style=cell_style)
+    template = environment.get_template("report.html.j2")
+    groups = group_findings(frames.findings, findings)
+    leaks = summary["leaks"]
     return template.render(
         summary=summary,
-        findings=findings,
+        sentence=verdict_sentence(summary),
+        start=frames.run.t_wall if frames.run is not None else None,
+        leaks=leaks,
+        top=max((max(row, default=0) for row in leaks["counts"]), default=0),
+        checks=check_states(summary),
+        groups=groups,
+        num_shown=sum(len(group.examples) for group in groups),
         num_not_listed=num_not_listed,
+        max_examples=MAX_EXAMPLES_PER_GROUP,
+        max_listed=MAX_LISTED_FINDINGS,
         plots=plots,
         plot_notes=plot_notes,
+        settings=run_settings(summary),
         tenants=_table(tenant_table(frames)),
         sizes=_table(size_table(frames)),
     )
+
+
+def verdict_sentence(summary: dict[str, Any]) -> str:
+    """The verdict and its reasons, as the one sentence the page opens with."""
+    reasons = "; ".join(str(reason) for reason in summary["verdict_reasons"])
+    return f"{summary['verdict'].upper()}: {reasons}." if reasons else summary["verdict"].upper()

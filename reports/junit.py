@@ -19,7 +19,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from harness.record.finding import FindingKind
+from reports.checks import check_states
 from reports.findings import KIND_MEANINGS, FindingView
 
 # Characters XML 1.0 cannot carry at all (ElementTree would write them and break the file).
@@ -36,15 +36,21 @@ def render_junit(
     properties = ET.SubElement(suite, "properties")
     for name in ("run_id", "verdict", "target", "model", "seed"):
         ET.SubElement(properties, "property", name=name, value=_xml_text(str(summary[name])))
-    for kind in FindingKind:
-        case = _case(suite, "kvcanary.checks", str(kind))
-        num = summary["counts"]["findings"][str(kind)]
-        if num:
-            _child(case, "failure", f"{num} {kind} finding(s)", str(kind), KIND_MEANINGS[kind])
-        elif verdict == "inconclusive":
-            _child(case, "skipped", "inconclusive run: no finding here proves nothing")
-        elif str(kind) in summary.get("checks_not_run", {}):
-            _child(case, "skipped", summary["checks_not_run"][str(kind)])
+    for check in check_states(summary):
+        case = _case(suite, "kvcanary.checks", check.kind)
+        if check.status == "found":
+            meaning = KIND_MEANINGS[check.kind]
+            _child(
+                case,
+                "failure",
+                f"{check.num_findings} {check.kind} finding(s)",
+                check.kind,
+                meaning,
+            )
+        elif check.status == "unproven":
+            _child(case, "skipped", check.why)
+        elif check.status != "passed":
+            _child(case, "skipped", f"{check.status}: {check.why}")
     for view in findings:
         case = _case(suite, f"kvcanary.findings.{view.kind}", _finding_name(view))
         _child(case, "failure", view.summary, view.kind, _finding_text(view))

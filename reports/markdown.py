@@ -1,6 +1,8 @@
 """`report.md`: GitHub-flavoured Markdown for a CI step summary.
 
-The verdict line first, then the findings table, then counts. Every cell is escaped for a
+The verdict line first, then the leak matrix, the findings table, every check with its
+state (`reports.checks`: a check that did not run says "not run", never passed), then
+counts. Every cell is escaped for a
 GFM table and for the HTML a step summary would otherwise interpret: detector summaries can
 quote what a target sent, and a report must not let a target inject markup into CI.
 """
@@ -10,10 +12,17 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from harness.record.finding import FindingKind
+from reports.checks import CheckStatus, check_states
 from reports.findings import KIND_MEANINGS, FindingView
 
 MAX_EXCERPT_CHARS = 160
+_CHECK_MARKS: dict[CheckStatus, str] = {
+    "found": "❌",
+    "passed": "✅",
+    "unproven": "➖",
+    "not run": "⏭️",
+    "not judged": "⏭️",
+}
 _VERDICT_BADGES = {"leak": "🔴 LEAK", "clean": "🟢 CLEAN", "inconclusive": "🟡 INCONCLUSIVE"}
 
 
@@ -39,6 +48,7 @@ def render_markdown(
         f"finished: {cell(summary['finished']['reason'] or 'no end record')}.",
         "",
     ]
+    lines += _leak_lines(summary.get("leaks"))
     if findings:
         lines += [
             f"### Findings ({counts['findings_total']})",
@@ -62,20 +72,23 @@ def render_markdown(
     if summary["verdict"] == "inconclusive":
         lines += ["Not enough evidence: a check without findings proves nothing here (➖).", ""]
     lines += ["| check | findings | meaning |", "|---|---:|---|"]
-    unproven = "➖" if summary["verdict"] == "inconclusive" else "✅"
-    for kind in FindingKind:
-        num = counts["findings"][str(kind)]
-        mark = "❌" if num else unproven
-        lines.append(f"| {mark} `{kind}` | {num} | {cell(KIND_MEANINGS[kind])} |")
+    for check in check_states(summary):
+        mark, num = _CHECK_MARKS[check.status], str(check.num_findings)
+        if not check.ran:
+            num = check.status
+        meaning = KIND_MEANINGS[check.kind]
+        if check.why:
+            meaning = f"{check.status}: {check.why} ({meaning})"
+        lines.append(f"| {mark} `{check.kind}` | {num} | {cell(meaning)} |")
     requests = counts["requests"]
     lines += [
         "",
         "### Requests",
         "",
-        "| total | accepted | rejected | errored | unanswered |",
-        "|---:|---:|---:|---:|---:|",
+        "| total | accepted | rejected | disconnected (planned) | errored | unanswered |",
+        "|---:|---:|---:|---:|---:|---:|",
         f"| {requests['total']} | {requests['accepted']} | {requests['rejected']} "
-        f"| {requests['errored']} | {requests['unanswered']} |",
+        f"| {requests.get('disconnected', 0)} | {requests['errored']} | {requests['unanswered']} |",
         "",
     ]
     return "\n".join(lines)
@@ -90,3 +103,18 @@ def _excerpt(excerpt: str | None) -> str:
         return ""
     short = excerpt if len(excerpt) <= MAX_EXCERPT_CHARS else excerpt[:MAX_EXCERPT_CHARS] + "…"
     return f"<code>{cell(short)}</code>"
+
+
+def _leak_lines(leaks: dict[str, Any] | None) -> list[str]:
+    """The leak matrix (reader rows, owner columns), when canaries crossed at all."""
+    if not leaks or not leaks["num_leaks"]:
+        return []
+    lines = [
+        f"### Leak matrix ({leaks['num_leaks']} leak(s), first {cell(leaks['first'])})",
+        "",
+        "| reader ↓ owner → | " + " | ".join(cell(o) for o in leaks["owners"]) + " |",
+        "|---|" + "---:|" * len(leaks["owners"]),
+    ]
+    for reader, row in zip(leaks["readers"], leaks["counts"], strict=True):
+        lines.append(f"| {cell(reader)} | " + " | ".join(str(n or "·") for n in row) + " |")
+    return [*lines, ""]

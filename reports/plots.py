@@ -4,13 +4,17 @@ Plots are drawn with matplotlib's object API (a `Figure` saved through Agg: no p
 no display, safe in a worker thread) and embedded as base64, so `report.html` needs no
 network and no neighbouring files. Large runs are down-sampled for drawing (to
 `MAX_PLOTTED_POINTS`, flagged requests always kept) and the title says so; the TTFT model
-comes from `reports.ttft`. This module draws; it does not decide what is a finding.
+comes from `reports.ttft`. Shared conventions: prompt size grows left to right, the KV pool
+line is dashed and the context line dotted, limits and series are named in a legend below
+the axes (never on the data), outcomes have one palette. Each plot returns its caption,
+written from what it actually drew. This module draws; it does not decide what is a finding.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -23,13 +27,16 @@ from reports.frames import RunFrames, size_table
 
 MAX_PLOTTED_POINTS = 20_000
 
-_OUTCOME_COLOURS = {
-    "accepted": "#3a8f5c",
+# One palette for every plot: a request is drawn in the same colour wherever it appears.
+OUTCOME_COLOURS = {
+    "accepted": "#2e6da4",
     "accepted above limit": "#c0392b",
     "rejected": "#7f8c9d",
+    "disconnected (planned)": "#8e7cc3",
     "errored": "#e08e0b",
     "unanswered": "#d5d8dc",
 }
+_LIMIT_STYLES = {"pool": "--", "context": ":"}
 _TIME_UNITS = (("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0))
 _SEVERITY_COLOURS = {
     "critical": "#c0392b",
@@ -37,6 +44,14 @@ _SEVERITY_COLOURS = {
     "medium": "#d4ac0d",
     "low": "#7f8c8d",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Plot:
+    """A drawn plot: its PNG as a data URI, and a caption that says what is drawn in it."""
+
+    uri: str
+    caption: str
 
 
 def _png(figure: Figure) -> str:
@@ -50,32 +65,19 @@ def _figure(width: float = 9.0, height: float = 4.6) -> tuple[Figure, Axes]:
     return figure, figure.add_subplot()
 
 
-def _limit_line(axes: Axes, x: float, label: str, style: str) -> None:
-    """A vertical limit line, labelled along its left side inside the axes."""
-    axes.axvline(x, color="#555", linestyle=style, linewidth=1.2)
-    axes.text(
-        x,
-        0.98,
-        f"{label} ",
-        transform=axes.get_xaxis_transform(),
-        rotation=90,
-        ha="right",
-        va="top",
-        fontsize=8,
-        color="#333",
-    )
+def _limit_line(axes: Axes, x: float, name: str, label: str) -> None:
+    """A vertical limit line; its label goes to the legend, where it never covers data."""
+    axes.axvline(x, color="#555", linestyle=_LIMIT_STYLES[name], linewidth=1.2, label=label)
 
 
 def _limit_lines(axes: Axes, frames: RunFrames) -> None:
     if frames.run is None:
         return
     limits = frames.run.limits
-    for tokens, label, style in (
-        (limits.pool_tokens, "KV pool", "--"),
-        (limits.context_tokens, "context", ":"),
-    ):
+    for tokens, name in ((limits.pool_tokens, "pool"), (limits.context_tokens, "context")):
         if tokens > 0:
-            _limit_line(axes, tokens, f"{label} {tokens:,}", style)
+            label = "KV pool" if name == "pool" else "context"
+            _limit_line(axes, tokens, name, f"{label}: {tokens:,} tokens")
 
 
 def _legend(figure: Figure, axes: Axes) -> None:
@@ -85,17 +87,28 @@ def _legend(figure: Figure, axes: Axes) -> None:
         figure.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8)
 
 
-def ttft_plot(frames: RunFrames, model: TtftModel | None) -> str:
+def _finish(figure: Figure, axes: Axes, title: str, *, grid: str = "both") -> str:
+    """The conventions every plot shares: title size, grid, legend below, then the PNG."""
+    axes.set_title(title, fontsize=11)
+    axes.grid(axis=grid, alpha=0.3)  # type: ignore[arg-type]
+    _legend(figure, axes)
+    return _png(figure)
+
+
+def _scatter(axes: Axes, rows: pd.DataFrame, **style: object) -> None:
+    axes.scatter(rows["num_prompt_tokens"].astype("float64"), rows["ttft_ms"], **style)  # type: ignore[arg-type]
+
+
+def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
     """TTFT against prompt tokens, the timing model's line and threshold, findings marked."""
     requests = frames.requests
     answered = requests.loc[
         requests["ttft_ms"].notna(), ["request_id", "num_prompt_tokens", "ttft_ms", "expected"]
     ]
-    flagged_ids = set(frames.findings["request_id"].dropna())
+    findings = frames.findings
+    flagged_ids = set(findings["request_id"].dropna())
     fast_ids = set(
-        frames.findings.loc[
-            frames.findings["kind"] == str(FindingKind.FAST_PREFILL), "request_id"
-        ].dropna()
+        findings.loc[findings["kind"] == str(FindingKind.FAST_PREFILL), "request_id"].dropna()
     )
     figure, axes = _figure()
     title = "Time to first token against prompt length"
@@ -104,82 +117,91 @@ def ttft_plot(frames: RunFrames, model: TtftModel | None) -> str:
         plotted = plotted.sample(MAX_PLOTTED_POINTS, random_state=0)
         title += f" ({MAX_PLOTTED_POINTS:,} of {len(answered):,} requests drawn)"
     for expected, colour, label in (
-        ("accept", "#2e6da4", "expected accept"),
-        ("reject", "#e67e22", "above a limit (expected reject)"),
+        ("accept", OUTCOME_COLOURS["accepted"], "within the limits"),
+        ("reject", OUTCOME_COLOURS["accepted above limit"], "above a limit (answered)"),
     ):
         rows = plotted[plotted["expected"] == expected]
-        if rows.empty:
-            continue
-        axes.scatter(
-            rows["num_prompt_tokens"].astype("float64"),
-            rows["ttft_ms"],
-            s=18,
-            alpha=0.6,
-            color=colour,
-            label=f"{label} ({len(rows):,})",
-        )
+        if len(rows):
+            _scatter(axes, rows, s=18, alpha=0.6, color=colour, label=f"{label} ({len(rows):,})")
     fast = answered[answered["request_id"].isin(fast_ids)]
     other = answered[answered["request_id"].isin(flagged_ids - fast_ids)]
     if len(fast):
-        axes.scatter(
-            fast["num_prompt_tokens"].astype("float64"),
-            fast["ttft_ms"],
+        _scatter(
+            axes,
+            fast,
             marker="X",
             s=90,
-            color="#c0392b",
-            label=f"fast_prefill finding ({len(fast):,})",
+            color="#7b241c",
             zorder=3,
+            label=f"fast_prefill finding ({len(fast):,})",
         )
     if len(other):
-        axes.scatter(
-            other["num_prompt_tokens"].astype("float64"),
-            other["ttft_ms"],
+        _scatter(
+            axes,
+            other,
             s=70,
             facecolors="none",
-            edgecolors="#c0392b",
-            label=f"other finding ({len(other):,})",
+            edgecolors="#7b241c",
             zorder=3,
+            label=f"other finding ({len(other):,})",
         )
-    if model is not None and len(answered):
-        x_max = float(answered["num_prompt_tokens"].max()) * 1.05
-        xs = np.linspace(0.0, x_max, 100)
-        axes.plot(
-            xs,
-            [model.predict(x) for x in xs],
-            color="#222",
-            linewidth=1.5,
-            label=f"timing fit: {model.intercept_ms:.1f} ms + "
-            f"{model.ms_per_token * 1000:.2f} ms per 1k tokens",
-        )
-        eligible = xs[xs >= model.min_eligible_tokens]
-        if len(eligible):
-            axes.plot(
-                eligible,
-                [model.threshold(x) for x in eligible],
-                color="#c0392b",
-                linestyle="--",
-                linewidth=1,
-                label="fast_prefill threshold (flag below)",
-            )
+    caption = ["Time to first token against prompt length, one point per answered request."]
+    if model is None:
+        caption.append("No timing model: fast prefills were not judged, so no line is drawn.")
+    elif len(answered):
+        caption += _model_lines(axes, model, float(answered["num_prompt_tokens"].max()) * 1.05)
     _limit_lines(axes, frames)
     axes.set_xlabel("prompt tokens (planned)")
     axes.set_ylabel("TTFT (ms)")
-    axes.set_title(title, fontsize=11)
     axes.set_ylim(bottom=0)
     axes.set_xlim(left=0)
-    _legend(figure, axes)
-    axes.grid(alpha=0.3)
-    return _png(figure)
+    return Plot(_finish(figure, axes, title), " ".join(caption))
 
 
-def outcome_plot(frames: RunFrames) -> str:
+def _model_lines(axes: Axes, model: TtftModel, x_max: float) -> list[str]:
+    """Draw the detector's fit and, where its rule applies, its threshold; say what was drawn."""
+    xs = np.linspace(0.0, x_max, 100)
+    axes.plot(
+        xs,
+        model.predict(xs),  # type: ignore[arg-type]
+        color="#222",
+        linewidth=1.5,
+        label=f"timing fit: {model.intercept_ms:.1f} ms + "
+        f"{model.ms_per_token * 1000:.2f} ms per 1k tokens",
+    )
+    said = ["The solid line is the timing detector's own fit, as journaled."]
+    start = model.min_eligible_tokens
+    if start >= x_max:
+        said.append(
+            f"Its fast_prefill threshold is not drawn: the rule applies from {start:,.0f} "
+            "tokens, longer than any prompt here."
+        )
+        return said
+    eligible = np.linspace(start, x_max, 50)
+    axes.plot(
+        eligible,
+        [model.threshold(x) for x in eligible],
+        color="#c0392b",
+        linestyle="-.",
+        linewidth=1.2,
+        label="fast_prefill threshold (flagged below)",
+    )
+    said.append(
+        f"The red dash-dot line is the threshold the detector used (from {start:,.0f} tokens, "
+        "where its rule applies): a point below it answered without computing its prompt."
+    )
+    return said
+
+
+def outcome_plot(frames: RunFrames) -> Plot:
     """Requests per size label, smallest first, by outcome; the pool and context limits marked."""
     requests = frames.requests
     sizes = size_table(frames)
     labels_in_order = [str(label) for label in sizes.index]
     counts = pd.crosstab(requests["size_label"], requests["outcome"])
     counts = counts.set_axis(counts.index.astype(str)).set_axis(counts.columns.astype(str), axis=1)
-    counts = counts.reindex(index=labels_in_order, columns=list(_OUTCOME_COLOURS), fill_value=0)
+    counts = counts.rename(columns={"disconnected": "disconnected (planned)"})
+    counts = counts.reindex(index=labels_in_order, columns=list(OUTCOME_COLOURS), fill_value=0)
     above = requests["outcome"].eq("accepted") & requests["expected"].eq("reject")
     unsafe = requests.loc[above, "size_label"].astype(str).value_counts()
     counts["accepted above limit"] = unsafe.reindex(labels_in_order, fill_value=0)
@@ -187,7 +209,7 @@ def outcome_plot(frames: RunFrames) -> str:
     figure, axes = _figure()
     positions = np.arange(len(counts))
     bottom = np.zeros(len(counts))
-    for name, colour in _OUTCOME_COLOURS.items():
+    for name, colour in OUTCOME_COLOURS.items():
         values = counts[name].to_numpy(dtype="float64")
         if values.any():
             axes.bar(positions, values, bottom=bottom, color=colour, label=name, width=0.7)
@@ -199,21 +221,24 @@ def outcome_plot(frames: RunFrames) -> str:
         labels.append(f"{label}\n{int(row['num_prompt_tokens_max']):,} tok{ratio_text}")
     axes.set_xticks(positions, labels, fontsize=8)
     axes.set_xlim(-0.6, max(len(counts), 4) - 0.4)  # a few bars stay bar-shaped
-    for column, name, style in (
-        ("pool_ratio_max", "KV pool limit", "--"),
-        ("context_ratio_max", "context limit", ":"),
-    ):
-        below = int((sizes[column] <= 1.0).sum())
+    for column, name in (("pool_ratio_max", "pool"), ("context_ratio_max", "context")):
+        # A prompt that fills the limit exactly leaves no room to generate: it is over it.
+        below = int((sizes[column] < 1.0).sum())
         if 0 < below < len(sizes):  # a boundary between two bars
-            _limit_line(axes, below - 0.5, name, style)
+            label = "KV pool limit" if name == "pool" else "context limit"
+            _limit_line(axes, below - 0.5, name, label)
+    axes.set_xlabel("prompt size (planned), smallest first")
     axes.set_ylabel("requests")
-    axes.set_title("Outcome by prompt size (relative to the KV pool)", fontsize=11)
-    _legend(figure, axes)
-    axes.grid(axis="y", alpha=0.3)
-    return _png(figure)
+    caption = (
+        "What the target did with each prompt size. Right of the KV pool or context line a "
+        "safe target rejects; red bars are prompts above a limit that were accepted. "
+        "Planned disconnects (abort plans, Ctrl-C) are the harness's own doing, not errors."
+    )
+    title = "Outcome by prompt size (relative to the KV pool)"
+    return Plot(_finish(figure, axes, title, grid="y"), caption)
 
 
-def findings_plot(frames: RunFrames) -> str | None:
+def findings_plot(frames: RunFrames) -> Plot | None:
     """When each finding was reported, by kind, coloured by severity; None without findings."""
     findings = frames.findings
     if findings.empty:
@@ -234,7 +259,5 @@ def findings_plot(frames: RunFrames) -> str | None:
     axes.set_yticks(range(len(kinds)), kinds, fontsize=8)
     axes.set_ylim(-0.5, len(kinds) - 0.5)
     axes.set_xlabel(f"{unit} since the run started")
-    axes.set_title("Findings over time", fontsize=11)
-    _legend(figure, axes)
-    axes.grid(alpha=0.3)
-    return _png(figure)
+    caption = "When each finding was reported during the run, by kind, coloured by severity."
+    return Plot(_finish(figure, axes, "Findings over time"), caption)

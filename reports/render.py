@@ -30,6 +30,7 @@ from reports.evidence import EVIDENCE_DIR, named_request_ids, request_records, w
 from reports.findings import FindingView, listed_findings
 from reports.frames import RunFrames, load_frames
 from reports.html import render_html
+from reports.journal_scan import SlowPathNeeded, request_lines
 from reports.junit import render_junit
 from reports.markdown import render_markdown
 from reports.summary import compute_summary
@@ -125,7 +126,11 @@ def _render_evidence(
     try:
         records = {}
         if not frames.findings.empty:  # a second pass, for the few requests findings name
-            records = request_records(read_journal(run_dir), named_request_ids(frames))
+            named = named_request_ids(frames)
+            try:
+                records = request_records(request_lines(run_dir, named), named)
+            except SlowPathNeeded:
+                records = request_records(read_journal(run_dir), named)
         written = write_evidence(frames, out, records, keep_raw=keep_raw)
     except Exception as exc:
         result.errors["evidence"] = _reason(exc)
@@ -153,22 +158,22 @@ def _html(
     num_not_listed: int,
     errors: dict[str, str],
 ) -> bytes:
-    plots, notes = _draw_plots(frames, errors)
-    return render_html(frames, summary, listed, num_not_listed, plots, notes).encode()
+    drawn, notes = _draw_plots(frames, errors)
+    return render_html(frames, summary, listed, num_not_listed, drawn, notes).encode()
 
 
 def _draw_plots(
     frames: RunFrames, errors: dict[str, str]
-) -> tuple[dict[str, str | None], dict[str, str]]:
+) -> tuple[dict[str, plots.Plot | None], dict[str, str]]:
     """Each plot on its own: a failure becomes a note on the page and an entry in `errors`."""
-    drawn: dict[str, str | None] = {}
+    drawn: dict[str, plots.Plot | None] = {}
     notes: dict[str, str] = {}
 
-    def ttft() -> str:
+    def ttft() -> plots.Plot:
         model, notes["ttft_method"] = journaled_ttft(frames)
         return plots.ttft_plot(frames, model)
 
-    steps: dict[str, Callable[[], str | None]] = {
+    steps: dict[str, Callable[[], plots.Plot | None]] = {
         "ttft": ttft,
         "outcome": lambda: plots.outcome_plot(frames),
         "findings": lambda: plots.findings_plot(frames),

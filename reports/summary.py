@@ -26,10 +26,12 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.record.events import ProbeFinished
+from harness.record.events import ProbeFinished, TargetServing, TargetUnhealthy
 from harness.record.finding import FindingKind
 from harness.record.verdict import Verdict
+from reports.checks import check_states
 from reports.frames import OUTCOMES, RunFrames
+from reports.leaks import leak_matrix
 from reports.ttft import journaled_ttft
 
 SUMMARY_SCHEMA = 1
@@ -47,7 +49,7 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
     outcome_counts = requests["outcome"].value_counts()
     started = run.t_wall if run is not None else None
     ended = finished.t_wall if finished is not None else _last_time(frames)
-    return {
+    summary = {
         "schema": SUMMARY_SCHEMA,
         "run_id": run.run_id if run is not None else None,
         "verdict": str(verdict),
@@ -78,6 +80,8 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
         "probes": [_probe_record(probe) for probe in frames.probes],
         "checks_not_run": _checks_not_run(frames),
         "timing": _timing(frames),
+        "target_unhealthy": _target_unhealthy(frames),
+        "leaks": _leaks(frames, started),
         "counts": {
             "requests": {
                 "total": len(requests),
@@ -90,6 +94,11 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
         },
         "evidence": evidence,
     }
+    summary["checks"] = {
+        check.kind: {"status": check.status, "num_findings": check.num_findings, "why": check.why}
+        for check in check_states(summary)
+    }
+    return summary
 
 
 def _evidence(frames: RunFrames) -> dict[str, Any]:
@@ -110,10 +119,14 @@ def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list
     """The verdict and, for a person, why."""
     num_findings = len(frames.findings)
     if num_findings:
-        kinds = ", ".join(sorted(frames.findings["kind"].astype(str).unique()))
-        return Verdict.LEAK, [f"{num_findings} finding(s): {kinds}"]
+        by_kind = frames.findings["kind"].astype(str).value_counts()
+        kinds = ", ".join(
+            f"{num} {kind}" for kind, num in sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        leak = [f"{num_findings} finding(s): {kinds}"]
+        return Verdict.LEAK, [*leak, *_unhealthy_reason(frames)]
     finished = frames.finished
-    reasons = []
+    reasons = _unhealthy_reason(frames)
     if finished is not None and finished.reason == "error":
         reasons.append(f"the run ended with an error: {finished.message or 'no message'}")
     if evidence["num_above_limit_answered"] == 0:
@@ -129,6 +142,49 @@ def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list
         f"no finding in {len(frames.requests)} request(s); "
         f"{evidence['num_above_limit_answered']} above-limit request(s) answered, "
         f"{evidence['num_victims_accepted']} victim request(s) accepted"
+    ]
+
+
+def _target_unhealthy(frames: RunFrames) -> dict[str, Any] | None:
+    """When the target stopped serving (the first time), and whether it came back."""
+    declared = [e for e in frames.health if isinstance(e, TargetUnhealthy)]
+    if not declared:
+        return None
+    first = declared[0]
+    served_again = [e for e in frames.health if isinstance(e, TargetServing)]
+    failed_after = requests_failed_since(frames, first.since_t_wall)
+    return {
+        "at": _iso(first.t_wall),
+        "since": _iso(first.since_t_wall),
+        "first_request_id": first.first_request_id,
+        "num_served_before": first.num_served_before,
+        "num_failed": max(first.num_failed, failed_after),
+        "last_error": first.last_error,
+        "times_declared": len(declared),
+        "recovered": len(served_again) >= len(declared),
+    }
+
+
+def requests_failed_since(frames: RunFrames, t_wall: float) -> int:
+    """Requests sent from `t_wall` on that got a 5xx or no status at all."""
+    requests = frames.requests
+    if requests.empty or "t_wall" not in requests:
+        return 0
+    later = requests.loc[requests["t_wall"] >= t_wall]
+    failed = later["status"].isna() | (later["status"] >= 500)
+    return int(failed.sum())
+
+
+def _unhealthy_reason(frames: RunFrames) -> list[str]:
+    entry = _target_unhealthy(frames)
+    if entry is None:
+        return []
+    back = "; it answered again later" if entry["recovered"] else ""
+    why = f" ({entry['last_error']})" if entry["last_error"] else ""
+    return [
+        f"the target stopped serving after {entry['num_served_before']} answered request(s): "
+        f"{entry['num_failed']} failed{why}{back}; what was sent while it was down tested "
+        "nothing"
     ]
 
 
@@ -195,9 +251,31 @@ def _probe_record(probe: ProbeFinished) -> dict[str, Any]:
 
 
 def _timing(frames: RunFrames) -> dict[str, Any]:
-    """The timing detector's journaled model (the line reports draw and checks apply)."""
+    """The timing detector's journaled model (the line reports draw and checks apply).
+
+    Plain fields the detector journals besides its model (whether the fit was final, and
+    where it writes them, whether it judged and why not) are copied as they are.
+    """
     model, note = journaled_ttft(frames)
-    return {"model": model.to_dict() if model is not None else None, "note": note}
+    entry: dict[str, Any] = {"model": model.to_dict() if model is not None else None}
+    if frames.timing is not None:
+        for field in dataclasses.fields(frames.timing):
+            value = getattr(frames.timing, field.name)
+            if field.name not in ("model", "t_wall") and isinstance(value, _SCALARS):
+                entry[field.name] = value
+    entry["note"] = note
+    if model is not None:  # the prompts the rule applied to: none means nothing was judged
+        requests = frames.requests
+        eligible = requests["num_prompt_tokens"].astype("float64") >= model.min_eligible_tokens
+        entry["num_judged"] = int((eligible & requests["ttft_ms"].notna()).sum())
+    return entry
+
+
+def _leaks(frames: RunFrames, started: float | None) -> dict[str, Any]:
+    tenants = [str(t.get("name")) for t in frames.run.tenants] if frames.run is not None else []
+    matrix = leak_matrix(frames.findings, tenants, started)
+    matrix["first"] = _iso(matrix.pop("first_t_wall"))
+    return matrix
 
 
 def _checks_not_run(frames: RunFrames) -> dict[str, str]:
@@ -218,7 +296,7 @@ def _checks_not_run(frames: RunFrames) -> dict[str, str]:
             reasons[str(FindingKind.SHARED_PREFIX_CACHE)] = (
                 "the cache probe did not run (opt in with --cache-probe)"
             )
-        elif all(p.verdict == "unverifiable" for p in cache):
+        elif all(p.verdict == "inconclusive" for p in cache):
             reasons[str(FindingKind.SHARED_PREFIX_CACHE)] = (
                 "the cache probe was unverifiable: its positive control saw no cache"
             )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness.run.config import Command
@@ -72,30 +73,21 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
     flags = given_values(args, options_for(command))
     config = resolve(command, flags, flags.get("config"))
     result = run_session(config, file=sys.stderr)
-    print(verdict_line(result.verdict, result.reasons, result.outcome.reason))
-    outputs = {**result.outputs, "journal": result.out_dir / "journal.jsonl"}
-    for name, label in _LABELS.items():
-        if name in outputs:
-            print(f"  {label:<9} {outputs[name]}")
+    print_verdict(
+        result.verdict, result.reasons, result.outcome.reason, result.outputs, result.out_dir
+    )
     return result.exit_status
 
 
-_LABELS = {
-    "html": "report",
-    "md": "markdown",
-    "json": "summary",
-    "junit": "junit",
-    "evidence": "evidence",
-    "journal": "journal",
-}
+def print_verdict(
+    verdict: str,
+    reasons: tuple[str, ...] | list[Any],
+    ended: str,
+    outputs: dict[str, Path],
+    out_dir: Path,
+) -> None:
+    """The verdict block `kvcanary report` prints too (`reports.verdict_block`)."""
+    from reports.verdict_block import verdict_block
 
-
-def verdict_line(verdict: str, reasons: tuple[str, ...] | list[Any], ended: str) -> str:
-    """`verdict: LEAK - 12 finding(s): ...` (plus how the run ended when it did not finish)."""
-    why = "; ".join(str(r) for r in reasons)
-    line = f"verdict: {verdict.upper()}"
-    if why:
-        line += f" - {why}"
-    if ended in ("interrupted", "error"):
-        line += f" (run {ended})"
-    return line
+    journal = {"journal": out_dir / "journal.jsonl"}
+    print(verdict_block(verdict, reasons, ended, {**outputs, **journal}))

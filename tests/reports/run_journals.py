@@ -25,10 +25,12 @@ from harness.record.events import (
     PlanRecorded,
     RunFinished,
     RunStarted,
+    TimingFitted,
 )
 from harness.record.finding import Finding, FindingKind, Severity
 from harness.record.journal import JournalWriter
 from harness.record.observation import ErrorKind, Observation, Usage
+from harness.record.ttft_model import TtftModel
 from tenants.plan import Expected, Intent, RequestPlan
 
 LIMITS = Limits(pool_tokens=4096, context_tokens=8192, page_size=16, source="engine")
@@ -167,6 +169,19 @@ class RunRecorder:
         self.t_ns = done + 1_000_000
         return Request(plan, observation)
 
+    def timing(self) -> None:
+        """The timing detector's final fit of `request`'s default TTFTs (4 ms + 0.02 ms/token)."""
+        model = TtftModel(
+            intercept_ms=4.0,
+            ms_per_token=0.02,
+            scale_ms=0.5,
+            num_samples=12,
+            num_sigmas=4.0,
+            fraction=0.5,
+            min_prefill_ms=5.0,
+        )
+        self.writer.write(TimingFitted(model=model.to_dict(), t_wall=self.t_wall, final=True))
+
     def finding(self, finding: Finding) -> None:
         self.writer.write(FindingRecorded(finding, t_wall=self.t_wall))
 
@@ -213,6 +228,7 @@ def vulnerable_run(run_dir: Path) -> Path:
     recorder = RunRecorder(run_dir, "run-vuln")
     recorder.start(TENANTS)
     victims = _fill(recorder)
+    recorder.timing()
     victim = victims[-2]  # alice's large prompt: its pages are what the probe will read
     recorder.phase("probe")
     marker = victim.plan.canaries[0].text
@@ -300,6 +316,7 @@ def clean_run(run_dir: Path) -> Path:
     recorder = RunRecorder(run_dir, "run-clean")
     recorder.start(TENANTS)
     _fill(recorder)
+    recorder.timing()
     recorder.phase("probe")
     for tenant, (label, tokens) in (("mallory", _ABOVE_POOL), ("bob", _ABOVE_CONTEXT)):
         recorder.request(

@@ -25,11 +25,33 @@ def test_exit_status_follows_the_verdict(
 ) -> None:
     run_dir = record(scenario)
     assert main(["report", str(run_dir), "--format", "json,md"]) == status
-    out = capsys.readouterr().out
-    assert f"json: {run_dir / 'summary.json'}" in out
-    assert f"md: {run_dir / 'report.md'}" in out
-    assert f"verdict: {verdict}" in out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"verdict: {verdict.upper()}")
+    assert lines[1:] == [
+        f"  markdown  {run_dir / 'report.md'}",
+        f"  summary   {run_dir / 'summary.json'}",
+        f"  evidence  {run_dir / 'evidence'}",
+        f"  journal   {run_dir / 'journal.jsonl'}",
+    ]
     assert not (run_dir / "report.html").exists()
+
+
+def test_report_and_run_end_with_the_same_verdict_block(
+    record: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.commands.run import print_verdict
+    from reports.render import render_run
+
+    run_dir = record("interrupted")
+    assert main(["report", str(run_dir)]) == 3
+    report_out = capsys.readouterr().out
+    result = render_run(run_dir)
+    print_verdict(
+        str(result.verdict), result.summary["verdict_reasons"], "interrupted", result.paths, run_dir
+    )
+    assert capsys.readouterr().out == report_out
+    assert report_out.startswith("verdict: INCONCLUSIVE - the run ended before the probe phase")
+    assert "(run interrupted)" in report_out.splitlines()[0]
 
 
 @pytest.mark.parametrize(

@@ -256,7 +256,9 @@ def test_long_runs_list_some_findings_and_count_the_rest(
 ) -> None:
     monkeypatch.setattr(findings_module, "MAX_LISTED_FINDINGS", 3)
     result = render_run(record("vulnerable"))
-    assert "1 more finding(s) are not listed here" in result.paths["html"].read_text()
+    page = result.paths["html"].read_text()
+    assert "3 of 4 finding(s) shown" in page
+    assert "1 more finding(s) of this group are not shown here" in page
     assert "1 more finding(s) not listed here" in result.paths["md"].read_text()
     junit = result.paths["junit"].read_text()
     assert junit.count('classname="kvcanary.findings.') == 3

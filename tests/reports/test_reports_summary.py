@@ -65,6 +65,7 @@ def test_clean_needs_an_answered_probe_and_an_accepted_victim(
         "total": 14,
         "accepted": 12,
         "rejected": 2,
+        "disconnected": 0,
         "errored": 0,
         "unanswered": 0,
     }

