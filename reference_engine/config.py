@@ -21,6 +21,11 @@ PRESETS: dict[str, str] = {
         "the GLM-5.3 incident scaled down: prefill pool 0.65x the context length, decode pool "
         "2x, PD free order, no fixes (SGLang #30233)"
     ),
+    "patched": (
+        "the incident's undersized pools (prefill 0.65x the context, decode 2x) with every "
+        "engine fix on except pool_covers_context, which would refuse to start them: "
+        "over-pool prompts get 400, nothing leaks"
+    ),
     "hardened": "every fix switch on, both pools 2x the context length",
 }
 
@@ -31,7 +36,7 @@ FIXES: dict[str, str] = {
     ),
     "coverage_check": (
         "prefill publishes how many tokens it wrote; decode compares that with its "
-        "reservation before commit (SGLang #38704)"
+        "reservation before commit and answers a mismatch with 400 (SGLang #38704)"
     ),
     "kv_checksum": (
         "Adler-32 over the expected KV range on both sides, compared by decode before commit "
@@ -71,6 +76,7 @@ FREE_ORDERS: dict[str, str] = {
     "short (SGLang PD mode: need_sort)",
 }
 
+KV_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_PAGE_SIZE = 16
 _LIMIT_MARGIN = 5
@@ -89,7 +95,12 @@ class EngineConfig:
     fixes: frozenset[str] = frozenset()
     free_order: str = "sorted"
     device: str = "cpu"
+    dtype: str = "float32"
+    """The KV pools' element type: float32, bfloat16 or float16 (pages on the wire too)."""
     seed: int = 0
+    copy_noise: float = 0.4
+    """The recall model's copying, 0 (exact page-aligned quotes) .. 1 (noisy): content-dependent
+    slips, substitutions and drift, seeded by `seed` (model/recall.py, recall_schedule.py)."""
     # model size (model/transformer.py); the last layer is the recall layer
     num_layers: int = 4
     hidden_size: int = 256
@@ -111,6 +122,10 @@ class EngineConfig:
     prefix_cache: bool = False
     """A radix prefix cache on the prefill side (SGLang's default; off here as with
     --disable-radix-cache): finished prompts' full pages are kept and reused."""
+    merge_prefill_usage: bool = False
+    """A gateway that is not SGLang's: the router replaces `usage.prompt_tokens` in decode's
+    answer with prefill's count (the vulnerable prefill's placeholder says 1). SGLang's
+    routers return decode's body untouched; off in every preset."""
     preset: str = "custom"
     tokenizer: str = "cl100k_base"
 
@@ -159,6 +174,13 @@ def _vulnerable(context_length: int, page_size: int) -> dict[str, Any]:
     }
 
 
+def _patched(context_length: int, page_size: int) -> dict[str, Any]:
+    return {
+        **_vulnerable(context_length, page_size),
+        "fixes": frozenset(FIXES) - {"pool_covers_context"},
+    }
+
+
 def _hardened(context_length: int, page_size: int) -> dict[str, Any]:
     return {
         "prefill_pool_tokens": _round_to_pages(2 * context_length, page_size),
@@ -170,6 +192,7 @@ def _hardened(context_length: int, page_size: int) -> dict[str, Any]:
 
 _PRESET_BUILDERS: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "vulnerable": _vulnerable,
+    "patched": _patched,
     "hardened": _hardened,
 }
 assert set(_PRESET_BUILDERS) == set(PRESETS)
@@ -218,6 +241,8 @@ def _check_runtime(c: EngineConfig) -> str | None:
         return f"free_order must be one of {', '.join(FREE_ORDERS)}, got {c.free_order!r}"
     if c.device != "cpu" and not c.device.startswith("cuda"):
         return f"device must be 'cpu' or 'cuda[:N]', got {c.device!r}"
+    if c.dtype not in KV_DTYPES:
+        return f"dtype must be one of {', '.join(KV_DTYPES)}, got {c.dtype!r}"
     positive = ("prefill_chunk_tokens", "transfer_chunk_pages", "max_running_requests")
     for name in positive:
         if getattr(c, name) < 1:
@@ -226,6 +251,8 @@ def _check_runtime(c: EngineConfig) -> str | None:
         value = getattr(c, name)
         if not (value > 0 and math.isfinite(value)):
             return f"{name} must be a positive number of seconds, got {value}"
+    if not 0.0 <= c.copy_noise <= 1.0:
+        return f"copy_noise must be in 0..1, got {c.copy_noise}"
     bandwidth = c.transfer_bandwidth_bytes_per_s
     if bandwidth is not None and not (
         isinstance(bandwidth, int | float) and bandwidth > 0 and math.isfinite(bandwidth)

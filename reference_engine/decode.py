@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Sequence
 from typing import Any
 
 from reference_engine import finish
@@ -77,6 +77,8 @@ class DecodeServer(SideBase):
         self._num_emitted: dict[str, int] = {}
         self._status_tasks: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._held: dict[str, Req] = {}
+        """Aborted requests whose pages wait for prefill's drain ack (`deferred_release`)."""
 
     # ---- DecodeSide -----------------------------------------------------------------------
 
@@ -117,7 +119,17 @@ class DecodeServer(SideBase):
 
     def fail_all(self, abort: FinishAbort | None) -> None:
         for rid in list(self._live):
-            self._abort_now(rid, abort or finish.engine_stopped(rid))
+            ending = abort or finish.engine_stopped(rid)
+            try:
+                self._abort_now(rid, ending)
+            except Exception:  # broken bookkeeping: the request is still answered
+                logger.exception("%s: aborting it raised; answering it directly", rid)
+                self._answer_now(rid, ending)
+
+    def _answer_now(self, rid: str, ending: FinishAbort) -> None:
+        req, outputs = self._live.pop(rid, None), self._outputs.pop(rid, None)
+        if req is not None and outputs is not None:
+            outputs.put_nowait(ending.finish_out(req.num_prompt_tokens, len(req.output_ids)))
 
     # ---- the scheduler loop ---------------------------------------------------------------
 
@@ -174,6 +186,7 @@ class DecodeServer(SideBase):
         self._emit(req)
         in_flight = req.registered and req.transfer_status is None
         if in_flight and self.config.has("deferred_release"):
+            self._held[req.rid] = req
             self._spawn(self._release_after_drain(req))
             return
         self.scheduler.release(req)  # vulnerable if in flight: prefill may still write here
@@ -191,6 +204,7 @@ class DecodeServer(SideBase):
                 "%s: no drain ack after %.1fs; releasing", req.rid, self.config.release_timeout_s
             )
         finally:
+            self._held.pop(req.rid, None)
             self.scheduler.release(req)
             self.wake()
 
@@ -228,6 +242,10 @@ class DecodeServer(SideBase):
     def has_background_work(self) -> bool:
         """Whether aborts are still notifying prefill or waiting for a drain."""
         return bool(self._background)
+
+    def live_requests(self) -> Iterable[Req]:
+        s = self.scheduler
+        return [*s.prealloc_queue, *s.transfer_queue.values(), *s.running, *self._held.values()]
 
     def queue_sizes(self) -> dict[str, int]:
         return {

@@ -126,9 +126,12 @@ def room_mismatch() -> FinishAbort:
 
 
 def coverage_mismatch(rid: str, num_written: int | None, num_reserved: int) -> FinishAbort:
-    return internal_error(
+    """A 400, not SGLang's 500: prefill wrote less than the prompt because the prompt does
+    not fit it, which every retry repeats; a router must not retry it (sglang-router retries
+    5xx)."""
+    return bad_request(
         f"KV coverage mismatch for request {rid}: prefill wrote {num_written} tokens, "
-        f"decode reserved {num_reserved}"
+        f"decode reserved {num_reserved}; the input exceeds what the prefill server can hold"
     )
 
 

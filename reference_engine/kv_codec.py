@@ -2,9 +2,11 @@
 
 A payload carrying n pages is the C-order array
 
-    (num_layers, 2, n, page_size, num_kv_heads, head_dim)   float32, little-endian
+    (num_layers, 2, n, page_size, num_kv_heads, head_dim)   the pool's dtype, little-endian
 
-with index 0 of the second axis K (un-rotated) and 1 V, pages in the order of the page list.
+with index 0 of the second axis K (un-rotated) and 1 V, pages in the order of the page list;
+the element type is the pools' (`config.dtype`: float32, bfloat16 or float16), the same on
+both sides since they are built from one config.
 The transfer backends carry these bytes unchanged; `encode_pages` reads them from a pool and
 `write_pages` stores them into one. `checksum` is the `kv_checksum` fix's digest: Adler-32 over
 the pages in logical order, page by page, so it does not depend on page ids or on how a
@@ -18,12 +20,10 @@ from collections.abc import Sequence
 
 import torch
 
-DTYPE = torch.float32
-
 
 def payload_nbytes(k_pool: Sequence[torch.Tensor], num_pages: int) -> int:
     _, page_size, num_kv_heads, head_dim = k_pool[0].shape
-    item = torch.finfo(DTYPE).bits // 8
+    item = k_pool[0].element_size()
     return len(k_pool) * 2 * num_pages * page_size * num_kv_heads * head_dim * item
 
 
@@ -36,7 +36,7 @@ def _gather(
 
 
 def _to_bytes(t: torch.Tensor) -> bytes:
-    return t.detach().to("cpu", DTYPE).contiguous().view(torch.uint8).numpy().tobytes()
+    return t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def encode_pages(
@@ -57,7 +57,7 @@ def write_pages(
     expected = payload_nbytes(k_pool, num_pages)
     assert len(payload) == expected, f"payload of {len(payload)} bytes, expected {expected}"
     _, page_size, num_kv_heads, head_dim = k_pool[0].shape
-    blob = torch.frombuffer(bytearray(payload), dtype=DTYPE).view(
+    blob = torch.frombuffer(bytearray(payload), dtype=k_pool[0].dtype).view(
         len(k_pool), 2, num_pages, page_size, num_kv_heads, head_dim
     )  # (L, 2, n, P, Hkv, D)
     blob = blob.to(k_pool[0].device)

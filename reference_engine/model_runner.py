@@ -1,9 +1,11 @@
 """Runs one side's model over that side's KV pool (nano-vllm's ModelRunner).
 
 What it knows: the pool tensors, per layer K and V of shape
-(num_pages, page_size, num_kv_heads, head_dim) on the configured device, with page 0 the
-reserved padding page; how to turn requests (block tables, positions) into a ForwardBatch and
-a PagedView; how pages leave and enter the pool as bytes (through `kv_codec`).
+(num_pages, page_size, num_kv_heads, head_dim) on the configured device (`device.py`: a CUDA
+device this torch cannot use is a one-line ConfigError) in the configured dtype (float32,
+bfloat16 or float16; the model computes in float32 and reads K/V up from the pool's type),
+with page 0 the reserved padding page; how to turn requests (block tables, positions) into
+a ForwardBatch and a PagedView; how pages leave and enter the pool as bytes (through `kv_codec`).
 
 What it deliberately does not know: queues, admission, transfer or fixes. It runs exactly the
 chunk or batch it is given, over exactly the pages the request's block table names.
@@ -17,9 +19,10 @@ import torch
 
 from reference_engine import kv_codec
 from reference_engine.config import EngineConfig
+from reference_engine.device import kv_dtype, resolve_device
 from reference_engine.model.cache import PagedView
 from reference_engine.model.transformer import ForwardBatch, RecallTransformer
-from reference_engine.recall_schedule import recall_position
+from reference_engine.recall_schedule import recall_position, schedule_salt
 from reference_engine.sequence import Req
 
 
@@ -28,13 +31,17 @@ class ModelRunner:
         assert pool_tokens % config.page_size == 0
         self.config = config
         self.page_size = config.page_size
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
+        self.dtype = kv_dtype(config.dtype)
         self.num_pages = pool_tokens // config.page_size + 1  # + the reserved page 0
         self.model = RecallTransformer(config, vocab_size, self.device).eval()
         shape = (self.num_pages, config.page_size, config.num_kv_heads, config.head_dim)
         num_layers = self.model.num_layers
-        self.k_pool = [torch.zeros(shape, device=self.device) for _ in range(num_layers)]
-        self.v_pool = [torch.zeros(shape, device=self.device) for _ in range(num_layers)]
+        self.k_pool = [self._zeros(shape) for _ in range(num_layers)]
+        self.v_pool = [self._zeros(shape) for _ in range(num_layers)]
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, device=self.device, dtype=self.dtype)
 
     # ---- forward passes -------------------------------------------------------------------
 
@@ -49,6 +56,7 @@ class ModelRunner:
             positions=positions[None],  # (1, T)
             logit_rows=self._tensor([end - start - 1]) if sample else None,
             recall_positions=self._tensor([self._recall_position(req)]) if sample else None,
+            max_position=end - 1,
         )
         num_pages = -(-end // self.page_size)
         view = PagedView(
@@ -65,7 +73,8 @@ class ModelRunner:
         """One token for each request: feeds its last token, samples the next."""
         assert reqs
         assert all(r.output_ids for r in reqs)
-        positions = self._tensor([r.num_tokens - 1 for r in reqs])  # (B,)
+        last_positions = [r.num_tokens - 1 for r in reqs]
+        positions = self._tensor(last_positions)  # (B,)
         max_pages = max(len(r.page_ids) for r in reqs)
         tables = [r.page_ids + [0] * (max_pages - len(r.page_ids)) for r in reqs]
         slots = torch.cat(
@@ -76,6 +85,7 @@ class ModelRunner:
             positions=positions[:, None],  # (B, 1)
             logit_rows=torch.zeros(len(reqs), dtype=torch.int64, device=self.device),
             recall_positions=self._tensor([self._recall_position(r) for r in reqs]),
+            max_position=max(last_positions),
         )
         view = PagedView(
             self.k_pool,
@@ -90,7 +100,14 @@ class ModelRunner:
 
     def _recall_position(self, req: Req) -> int:
         step = len(req.output_ids)
-        return recall_position(step, req.num_prompt_tokens, self.page_size, req.max_new_tokens)
+        return recall_position(
+            step,
+            req.num_prompt_tokens,
+            self.page_size,
+            req.max_new_tokens,
+            copy_noise=self.config.copy_noise,
+            salt=schedule_salt(self.config.seed, req.origin_input_ids[0]),
+        )
 
     def _slots(self, page_ids: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
         pages = self._tensor(page_ids)[positions // self.page_size]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from reference_engine import finish
@@ -36,7 +37,7 @@ from reference_engine.interfaces import (
     TransferStatus,
 )
 from reference_engine.model_runner import ModelRunner
-from reference_engine.prefill_scheduler import PrefillScheduler
+from reference_engine.prefill_scheduler import CACHE_OWNER, PrefillScheduler
 from reference_engine.sequence import Req
 from reference_engine.side_base import SideBase
 
@@ -60,6 +61,8 @@ class PrefillServer(SideBase):
         self._progress: dict[str, asyncio.Event] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._aborts: dict[str, FinishAbort] = {}
+        self._reqs: dict[str, Req] = {}
+        """Every request with a task here: what may hold pages (`live_requests`)."""
 
     # ---- PrefillSide ----------------------------------------------------------------------
 
@@ -72,6 +75,7 @@ class PrefillServer(SideBase):
             return r.finished
         answer = asyncio.get_running_loop().create_future()
         self._answers[r.rid] = answer
+        self._reqs[r.rid] = r
         self._progress[r.rid] = asyncio.Event()
         self._tasks[r.rid] = asyncio.create_task(self._serve(r), name=f"prefill-{r.rid}")
         try:
@@ -119,13 +123,16 @@ class PrefillServer(SideBase):
             await self.transfer.conclude(status)
         except Exception:  # decode may be gone; this side still has to answer and release
             logger.warning("%s: could not conclude room %d", req.rid, req.room, exc_info=True)
-        if status.poll == KVPoll.SUCCESS:
-            self.scheduler.finish_success(req)
-        else:
-            if req.rid not in self._aborts:  # decode gave up on the transfer
-                self.counters["num_transfer_failed_reqs_total"] += 1
-            abort = self._aborts.get(req.rid) or finish.transfer_failed(req.rid, req.room)
-            self.scheduler.finish_failed(req, abort)
+        try:
+            if status.poll == KVPoll.SUCCESS:
+                self.scheduler.finish_success(req)
+            else:
+                if req.rid not in self._aborts:  # decode gave up on the transfer
+                    self.counters["num_transfer_failed_reqs_total"] += 1
+                abort = self._aborts.get(req.rid) or finish.transfer_failed(req.rid, req.room)
+                self.scheduler.finish_failed(req, abort)
+        except Exception as exc:  # the bookkeeping broke: the side dies, the client is answered
+            self.die(exc)
         self._done(req)
 
     async def _bootstrap(self, req: Req) -> bool:
@@ -186,13 +193,14 @@ class PrefillServer(SideBase):
         )
 
     def _done(self, req: Req) -> None:
-        assert req.finished is not None
+        result = req.finished or self.crash_abort().finish_out(req.num_prompt_tokens)
         self._tasks.pop(req.rid, None)
         self._progress.pop(req.rid, None)
         self._aborts.pop(req.rid, None)
+        self._reqs.pop(req.rid, None)
         answer = self._answers.pop(req.rid)
         if not answer.done():
-            answer.set_result(req.finished)
+            answer.set_result(result)
         self.wake()  # pages came back: the waiting head may fit now
 
     # ---- the scheduler loop ---------------------------------------------------------------
@@ -209,6 +217,12 @@ class PrefillServer(SideBase):
         return True
 
     # ---- introspection --------------------------------------------------------------------
+
+    def live_requests(self) -> Iterable[Req]:
+        return self._reqs.values()
+
+    def shared_page_owners(self) -> Collection[str]:
+        return (CACHE_OWNER,) if self.scheduler.cache is not None else ()
 
     def queue_sizes(self) -> dict[str, int]:
         return {

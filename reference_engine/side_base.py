@@ -1,9 +1,15 @@
 """What the prefill and decode servers share: the scheduler loop, intake layer 1, introspection.
 
 The loop runs `step()` (a bounded amount of torch work, done inline), yields to the event loop
-after every step, and sleeps on a wake event when there is nothing to do. If a step raises,
-the loop logs it, fails every live request with a 500 and stops, so callers get an answer
-instead of hanging. `server_info()` and `metrics_snapshot()` use SGLang's field and metric names.
+after every step, and sleeps on a wake event when there is nothing to do. Every
+`PAGE_CHECK_EVERY_STEPS` steps, and each time it goes idle, it checks the side's page
+bookkeeping (`invariants`: pool accounting, ownership, lost pages).
+
+Failing loudly: if a step raises, or a page check fails, the loop logs one clear line
+(`<mode> scheduler loop stopped: ...`), fails every live request with a 500 and stops. From
+then on the side is dead, not quietly stuck: `health_problem()` says why (the app answers
+`/health` with 503) and `admit()` fails every new request at once with a 500.
+`server_info()` and `metrics_snapshot()` use SGLang's field and metric names.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container, Iterable
 from typing import Any
 
 from reference_engine import finish
@@ -21,10 +27,14 @@ from reference_engine.allocator import PageAllocator
 from reference_engine.config import EngineConfig
 from reference_engine.finish import FinishAbort
 from reference_engine.interfaces import GenerateRequest
+from reference_engine.invariants import InvariantViolation, LiveRequest, check_side_pages
 from reference_engine.limits import SideLimits
 from reference_engine.sequence import Req
 
 logger = logging.getLogger(__name__)
+
+PAGE_CHECK_EVERY_STEPS = 64
+"""How often a busy loop checks its page bookkeeping (an idle one checks each time)."""
 
 _COUNTERS = (
     "prompt_tokens_total",
@@ -46,7 +56,8 @@ class SideBase(abc.ABC):
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.crash: Exception | None = None
-        """What stopped the scheduler loop, if a step raised."""
+        """What stopped the scheduler loop, if a step or a page check raised."""
+        self._num_steps = 0
 
     # ---- the loop -------------------------------------------------------------------------
 
@@ -76,14 +87,69 @@ class SideBase(abc.ABC):
         try:
             while True:
                 if await self.step():
+                    self._num_steps += 1
+                    if self._num_steps % PAGE_CHECK_EVERY_STEPS == 0:
+                        self.check_pages()
                     await asyncio.sleep(0)
                     continue
+                self.check_pages()
                 await self._wake.wait()
                 self._wake.clear()
         except Exception as exc:
-            logger.exception("%s scheduler loop crashed", self.mode)
-            self.crash = exc
-            self.fail_all(finish.internal_error(f"{self.mode} scheduler crashed: {exc!r}"))
+            self.die(exc)
+
+    def die(self, exc: Exception) -> None:
+        """Stop serving: log why, remember it, fail every live request with a 500."""
+        if self.crash is not None:
+            return
+        self.crash = exc
+        if isinstance(exc, InvariantViolation):
+            logger.error(
+                "%s scheduler loop stopped: page bookkeeping is wrong: %s; failing every "
+                "request with 500, /health answers 503",
+                self.mode,
+                exc,
+            )
+        else:
+            logger.error(
+                "%s scheduler loop stopped: step raised %r; failing every request with 500, "
+                "/health answers 503",
+                self.mode,
+                exc,
+                exc_info=exc,
+            )
+        try:
+            self.fail_all(self.crash_abort())
+        except Exception:  # the bookkeeping may be what broke: requests still get answers
+            logger.exception("%s: failing the live requests raised", self.mode)
+        loop_task = self._loop_task
+        if loop_task is not None and loop_task is not asyncio.current_task():
+            loop_task.cancel()  # died outside the loop (a request's task): stop the loop too
+
+    def crash_abort(self) -> FinishAbort:
+        return finish.internal_error(f"{self.mode} scheduler loop stopped: {self.crash!r}")
+
+    def health_problem(self) -> str | None:
+        """Why the side cannot serve (None: healthy): its scheduler loop is not running."""
+        if self.crash is not None:
+            return f"{self.mode} scheduler loop stopped: {self.crash!r}"
+        if self._loop_task is None or self._loop_task.done():
+            return f"{self.mode} scheduler loop is not running"
+        return None
+
+    # ---- page bookkeeping -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def live_requests(self) -> Iterable[LiveRequest]:
+        """Every request that may hold pages of this side's pool now."""
+
+    def shared_page_owners(self) -> Collection[str]:
+        """Allocator owners that hold pages without being a request (a prefix cache)."""
+        return ()
+
+    def check_pages(self) -> None:
+        """Raise `InvariantViolation` if the pool's accounting or a page's owner is wrong."""
+        check_side_pages(self.allocator, self.live_requests(), self.shared_page_owners())
 
     # ---- intake, layer 1 ------------------------------------------------------------------
 
@@ -96,6 +162,9 @@ class SideBase(abc.ABC):
         """
         req = Req.from_request(request)
         self.counters["prompt_tokens_total"] += req.num_client_tokens
+        if self.crash is not None:  # a dead side answers at once instead of queueing
+            req.finish_abort(self.crash_abort())
+            return req
         rejection = self.intake_rejection(req)
         if rejection is None and req.rid in live:
             rejection = finish.duplicate_rid(req.rid)

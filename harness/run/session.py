@@ -36,7 +36,7 @@ from harness.run.interrupts import interrupts, sigterm_as_interrupt
 from harness.run.option_values import format_duration
 from harness.run.out_dir import RunIdentity, prepare_run_dir
 from harness.run.progress import ProgressDisplay
-from harness.run.runner import Budget, Runner, RunOutcome, Workload, default_phases
+from harness.run.runner import Budget, Detectors, Runner, RunOutcome, Workload, default_phases
 from harness.run.soak_tasks import soak_tasks
 from harness.target.calibration import PromptTokenOffset, planning_limits
 from harness.target.client import TargetClient
@@ -184,26 +184,7 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                     settings=_settings(config, identity, calibration),
                 )
             )
-            runner = Runner(
-                sender=client,
-                tenants={t.name: t for t in tenants},
-                workload=Workload(
-                    {
-                        "victim": planner.victims(),
-                        "probe": planner.probes(),
-                        "abort": planner.abort_plans(),
-                    },
-                    default_phases(setup.profile.victim_fraction),
-                ),
-                index=planner.index,
-                detectors=detectors,
-                emit=journal.emit,
-                pacing=pacing,
-                budget=_budget(config),
-                keep_raw_evidence=config.keep_raw_evidence,
-                num_previous_requests=identity.num_previous_requests,
-                elapsed_before_s=identity.elapsed_s,
-            )
+            runner = _runner(setup, client, planner, detectors, journal, pacing)
             display.note(f"journal: {journal.path}")
             if identity.resumed:
                 display.note(
@@ -219,6 +200,38 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                 return outcome
         finally:
             journal.close()
+
+
+def _runner(
+    setup: _Setup,
+    client: TargetClient,
+    planner: Planner,
+    detectors: Detectors,
+    journal: wiring.Journal,
+    pacing: Pacing,
+) -> Runner:
+    """The runner over the planner's three plan streams, in the default phases."""
+    config, identity = setup.config, setup.identity
+    return Runner(
+        sender=client,
+        tenants={t.name: t for t in setup.tenants},
+        workload=Workload(
+            {
+                "victim": planner.victims(),
+                "probe": planner.probes(),
+                "abort": planner.abort_plans(),
+            },
+            default_phases(setup.profile.victim_fraction),
+        ),
+        index=planner.index,
+        detectors=detectors,
+        emit=journal.emit,
+        pacing=pacing,
+        budget=_budget(config),
+        keep_raw_evidence=config.keep_raw_evidence,
+        num_previous_requests=identity.num_previous_requests,
+        elapsed_before_s=identity.elapsed_s,
+    )
 
 
 async def _cache_probe(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -32,7 +33,7 @@ from harness.run.progress import ProgressDisplay
 from harness.scenarios.judge import ReproResult, StepReport, judge
 from harness.scenarios.schema import Scenario
 from harness.scenarios.steps import DeferredFinish, Steps
-from harness.target.calibration import planning_limits
+from harness.target.calibration import PromptTokenOffset, planning_limits
 from tenants.planner import Planner
 from tenants.tenant import Tenant
 from tenants.workload import WorkloadProfile
@@ -72,21 +73,11 @@ def run_repro(
     reports: list[StepReport] = []
     ended = "completed"
     why: tuple[str, ...] = ()
+    repro = _Repro(scenario, out_dir, tenants, display, keep_raw_evidence, transport, reports)
     with sigterm_as_interrupt():  # a CI job's timeout still gets the evidence rendered
         try:
             if url is not None:
-                ended = asyncio.run(
-                    _run(
-                        scenario,
-                        url,
-                        out_dir,
-                        tenants,
-                        display,
-                        keep_raw_evidence,
-                        transport,
-                        reports,
-                    )
-                )
+                ended = asyncio.run(_run(repro, url))
             else:
                 assert scenario.engine is not None
                 engine = wiring.bundled_engine(
@@ -97,12 +88,7 @@ def run_repro(
                     display=display,
                 )
                 with engine as url:
-                    ended = asyncio.run(
-                        _run(
-                            scenario, url, out_dir, tenants, display, keep_raw_evidence, transport,
-                            reports,
-                        )
-                    )  # fmt: skip
+                    ended = asyncio.run(_run(repro, url))
         except RunIncomplete as exc:
             if not (out_dir / JOURNAL_NAME).exists():
                 return ReproResult(
@@ -146,80 +132,70 @@ def _finish(
     )
 
 
-async def _run(
-    scenario: Scenario,
-    base_url: str,
-    out_dir: Path,
-    tenants: list[Tenant],
-    display: ProgressDisplay,
-    keep_raw_evidence: bool,
-    transport: httpx.AsyncBaseTransport | None,
-    reports: list[StepReport],
-) -> str:
-    """Send every step; returns how the run ended. `reports` fills in as steps end."""
+@dataclass(frozen=True, slots=True)
+class _Repro:
+    """What a reproduction settled before the target was contacted."""
+
+    scenario: Scenario
+    out_dir: Path
+    tenants: list[Tenant]
+    display: ProgressDisplay
+    keep_raw_evidence: bool
+    transport: httpx.AsyncBaseTransport | None
+    reports: list[StepReport]
+    """Fills in as steps end (also when the run is cut short)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """What first contact with the target settled."""
+
+    target: wiring.Contact
+    planner: Planner
+    calibration: PromptTokenOffset | None
+    seed: int
+    run_id: str
+
+
+async def _run(repro: _Repro, base_url: str) -> str:
+    """Send every step; returns how the run ended."""
+    scenario, display = repro.scenario, repro.display
     max_in_flight = max((step.concurrency for step in scenario.send_steps), default=1)
-    async with wiring.http_client(max_in_flight, scenario.client.timeout_s, transport) as http:
-        spec = scenario.limits
-        target = await wiring.contact(
-            http,
-            base_url,
-            tenants[0],
-            pool_tokens=spec.pool_tokens,
-            context_tokens=spec.context_tokens,
-            page_size=spec.page_size,
-            model=scenario.client.model,
-            how_to_name_model=f"set [client] model in {scenario.source}",
-            display=display,
-        )
-        _check_sizes(scenario, target.limits)
-        seed = scenario.seed
-        seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
-        run_id = new_run_id()
-        tokenizer = wiring.local_tokenizer(
-            scenario.client.tokenizer, f"{scenario.source}: [client] tokenizer"
-        )
-        calibration = await wiring.calibrate(
-            http,
-            target,
-            "completions",
-            tokenizer,
-            tenants[0],
-            chat_overhead_tokens=0,
-            display=display,
-        )
-        limits = planning_limits(target.limits, calibration)
-        planner = _planner(scenario, tenants, tokenizer, limits, seed, run_id)
-        client = wiring.target_client(http, target, scenario.client.timeout_s)
-        await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
-        journal = wiring.Journal(out_dir, display)
+    timeout_s = scenario.client.timeout_s
+    async with wiring.http_client(max_in_flight, timeout_s, repro.transport) as http:
+        prepared = await _prepare(repro, http, base_url)
+        target, planner = prepared.target, prepared.planner
+        client = wiring.target_client(http, target, timeout_s)
+        await asyncio.to_thread(repro.out_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
+        journal = wiring.Journal(repro.out_dir, display)
         timing = TimingDetector()
         detectors = wiring.detectors(
             planner.index,
             target.limits,
-            keep_raw_evidence=keep_raw_evidence,
+            keep_raw_evidence=repro.keep_raw_evidence,
             timing=DeferredFinish(timing),
-            calibration=calibration,
+            calibration=prepared.calibration,
         )
         steps = Steps(
-            scenario, planner, client, tenants, detectors, journal.emit, keep_raw_evidence,
-            target.limits,
+            scenario, planner, client, repro.tenants, detectors, journal.emit,
+            repro.keep_raw_evidence, target.limits,
         )  # fmt: skip
         ended, message = "error", None
         try:
             journal.emit(
                 wiring.run_started(
                     target,
-                    run_id=run_id,
+                    run_id=prepared.run_id,
                     api="completions",
-                    tenants=tenants,
-                    seed=seed,
+                    tenants=repro.tenants,
+                    seed=prepared.seed,
                     minter=planner.minter,
                     settings=scenario.to_record(),
                 )
             )
             display.note(f"journal: {journal.path}")
             with display:
-                ended = await steps.run(display, reports)
+                ended = await steps.run(display, repro.reports)
         except asyncio.CancelledError:
             ended, message = "interrupted", "the run was cancelled"
             raise
@@ -228,15 +204,54 @@ async def _run(
             raise
         finally:
             if ended != "error":
-                for finding in timing.finish():
-                    journal.emit(FindingRecorded(finding, t_wall=time.time()))
-                model = timing.model.to_dict() if timing.model is not None else None
-                journal.emit(
-                    TimingFitted(model, time.time(), final=True, not_judged=timing.not_judged)
-                )
+                _finish_timing(timing, journal)
             journal.emit(RunFinished(ended, time.time(), steps.num_requests, message))
             journal.close()
         return ended
+
+
+async def _prepare(repro: _Repro, http: httpx.AsyncClient, base_url: str) -> _Prepared:
+    """Contact, limits, tokenizer, calibration and the planner."""
+    scenario, display = repro.scenario, repro.display
+    spec = scenario.limits
+    target = await wiring.contact(
+        http,
+        base_url,
+        repro.tenants[0],
+        pool_tokens=spec.pool_tokens,
+        context_tokens=spec.context_tokens,
+        page_size=spec.page_size,
+        model=scenario.client.model,
+        how_to_name_model=f"set [client] model in {scenario.source}",
+        display=display,
+    )
+    _check_sizes(scenario, target.limits)
+    seed = scenario.seed
+    seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+    run_id = new_run_id()
+    tokenizer = wiring.local_tokenizer(
+        scenario.client.tokenizer, f"{scenario.source}: [client] tokenizer"
+    )
+    calibration = await wiring.calibrate(
+        http,
+        target,
+        "completions",
+        tokenizer,
+        repro.tenants[0],
+        chat_overhead_tokens=0,
+        display=display,
+    )
+    limits = planning_limits(target.limits, calibration)
+    planner = _planner(scenario, repro.tenants, tokenizer, limits, seed, run_id)
+    return _Prepared(target, planner, calibration, seed, run_id)
+
+
+def _finish_timing(timing: TimingDetector, journal: wiring.Journal) -> None:
+    """The timing detector's end-of-run pass, once, after the last step."""
+    for finding in timing.finish():
+        journal.emit(FindingRecorded(finding, t_wall=time.time()))
+    model = timing.model.to_dict() if timing.model is not None else None
+    journal.emit(TimingFitted(model, time.time(), final=True, not_judged=timing.not_judged))
 
 
 def _check_sizes(scenario: Scenario, limits: Limits) -> None:

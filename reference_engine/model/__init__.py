@@ -10,7 +10,9 @@ Modules, one concept each:
     recall           token codes, the embedding and the recall layer (constructed weights)
     transformer      the whole model and its ForwardBatch
 
-What the model deliberately is not: a language model. Its ordinary layers have small random
-weights and exist so that prefill cost and KV memory are real; its last layer is a recall head
-with constructed weights that quotes the tokens whose KV sits at scheduled positions.
+What the model deliberately is not: a language model. Its ordinary layers have random weights
+and exist so that prefill cost and KV memory are real; its last layer is a recall head with
+constructed weights that quotes the tokens whose KV sits at scheduled positions, exactly at
+`copy_noise` 0, and above it the way a model copying from foreign KV does: in runs, with
+drops, substitutions and drift that depend on every layer's K/V bytes.
 """

@@ -8,6 +8,8 @@ query i of sequence b sees the KV positions `t <= q_limits[b, i]` and `t < kv_le
 read un-rotated from the pool and rotated by its logical position, the index of its slot in
 the block table, so whatever bytes a page holds are read as this request's context.
 
+Pools may hold K/V in a narrower dtype (bfloat16, float16): what is read is cast up to q's
+dtype, so the model computes in float32 whatever the pools store.
 `contiguous_attention` is the same computation over a contiguous cache; the benchmark uses it
 as the baseline that paging is measured against. What this module does not know: which pages
 a request owns (block tables arrive ready-made from the model runner).
@@ -31,8 +33,9 @@ def store_kv(
     """k, v (N, Hkv, D) un-rotated, written to flat slots (N,) = page * page_size + offset."""
     num_pages, page_size, num_kv_heads, head_dim = k_cache.shape
     assert k.shape == v.shape == (slot_mapping.numel(), num_kv_heads, head_dim)
-    k_cache.view(num_pages * page_size, num_kv_heads, head_dim)[slot_mapping] = k
-    v_cache.view(num_pages * page_size, num_kv_heads, head_dim)[slot_mapping] = v
+    flat = (num_pages * page_size, num_kv_heads, head_dim)
+    k_cache.view(flat)[slot_mapping] = k.to(k_cache.dtype)  # rounded to the pool's dtype
+    v_cache.view(flat)[slot_mapping] = v.to(v_cache.dtype)
 
 
 def paged_attention(
@@ -48,8 +51,8 @@ def paged_attention(
     """q (B, Tq, Hq, D) rotated; caches (num_pages, P, Hkv, D); block_tables (B, max_pages)."""
     assert block_tables.dim() == 2
     assert block_tables.shape[0] == q.shape[0]
-    k = k_cache[block_tables].flatten(1, 2)  # (B, max_pages * P, Hkv, D)
-    v = v_cache[block_tables].flatten(1, 2)  # (B, max_pages * P, Hkv, D)
+    k = k_cache[block_tables].flatten(1, 2).to(q.dtype)  # (B, max_pages * P, Hkv, D)
+    v = v_cache[block_tables].flatten(1, 2).to(q.dtype)  # (B, max_pages * P, Hkv, D)
     return contiguous_attention(q, k, v, kv_lens, q_limits, rotary, scale)
 
 

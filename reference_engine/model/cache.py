@@ -81,10 +81,11 @@ class ContiguousCache:
         num_kv_heads: int,
         head_dim: int,
         device: torch.device,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         shape = (batch_size, max_tokens, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, device=device) for _ in range(num_layers)]
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
 
     def view(
         self,
@@ -116,13 +117,14 @@ class ContiguousView:
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         batch = torch.arange(self.positions.shape[0], device=k.device)[:, None]  # (B, 1)
-        self.cache.k[layer][self.rows][batch, self.positions] = k  # writes through the view
-        self.cache.v[layer][self.rows][batch, self.positions] = v
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
+        k_cache[self.rows][batch, self.positions] = k.to(k_cache.dtype)  # through the view
+        v_cache[self.rows][batch, self.positions] = v.to(v_cache.dtype)
 
     def attend(
         self, layer: int, q: torch.Tensor, q_limits: torch.Tensor, rotary: Rotary, scale: float
     ) -> torch.Tensor:
         num_positions = int(self.kv_lens.max())
-        k = self.cache.k[layer][self.rows, :num_positions]  # (B, T, Hkv, D)
-        v = self.cache.v[layer][self.rows, :num_positions]  # (B, T, Hkv, D)
+        k = self.cache.k[layer][self.rows, :num_positions].to(q.dtype)  # (B, T, Hkv, D)
+        v = self.cache.v[layer][self.rows, :num_positions].to(q.dtype)  # (B, T, Hkv, D)
         return self.attention(q, k, v, self.kv_lens, q_limits, rotary, scale)

@@ -2,8 +2,9 @@
 
 Ordinary blocks read the whole residual stream and write only its `work` channels (their
 output projections have no rows for the token-code, constant and recall channels), so their
-small random weights make prefill cost and KV memory real without disturbing the recall
-layer's inputs. What they deliberately do not do: influence the emitted token.
+random weights make prefill cost and KV memory real without touching the code the recall
+layer quotes. What they write there is the content the recall head's `copy_noise` terms hear
+(`recall.py`): above copy_noise 0 every block's K/V bytes shape which steps slip.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Same contract as `attention.contiguous_attention` (q rotated, K un-rotated and rotated here
 by its position), but per sequence, with explicit GQA head expansion, an explicit mask and an
 explicit softmax. It is slow on purpose: the paged path is tested against it token for token.
+K/V may be stored in a narrower dtype than q (bfloat16 pools): they are read up to q's.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ def naive_attention(
     out = torch.zeros_like(q)
     for b in range(q.shape[0]):
         n = int(kv_lens[b])
+        rotary.ensure(n)
         positions = torch.arange(n, device=q.device)
-        kb = rotary.rotate(k[b, :n], positions)  # (n, Hkv, D)
+        kb = rotary.rotate(k[b, :n].to(q.dtype), positions)  # (n, Hkv, D)
         kb = kb.repeat_interleave(group, dim=1)  # (n, Hq, D)
-        vb = v[b, :n].repeat_interleave(group, dim=1)  # (n, Hq, D)
+        vb = v[b, :n].to(q.dtype).repeat_interleave(group, dim=1)  # (n, Hq, D)
         scores = torch.einsum("qhd,khd->hqk", q[b], kb) * scale  # (Hq, Tq, n)
         visible = positions[None, :] <= q_limits[b][:, None]  # (Tq, n)
         scores = scores.masked_fill(~visible, float("-inf"))

@@ -30,7 +30,7 @@ def high_band_frequencies(
 
 
 class Rotary:
-    """cos/sin for one layer's frequencies; positions below `num_cached` come from a table."""
+    """cos/sin tables for one layer's frequencies, grown on the host side as positions need."""
 
     def __init__(self, inv_freq: torch.Tensor, num_cached: int, device: torch.device) -> None:
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float64)
@@ -41,17 +41,27 @@ class Rotary:
         angles = positions.to(torch.float64)[..., None] * self.inv_freq  # (..., D/2)
         return torch.cos(angles).float(), torch.sin(angles).float()
 
+    @property
+    def num_cached(self) -> int:
+        return int(self._cos.shape[0])
+
+    def ensure(self, num_positions: int) -> None:
+        """Grow the tables to cover positions 0..num_positions-1 (a host-side int: no sync)."""
+        if num_positions > self.num_cached:
+            size = max(num_positions, 2 * self.num_cached)
+            self._cos, self._sin = self._compute(torch.arange(size, device=self.device))
+
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for arbitrary positions: (..., D/2) each."""
-        if positions.numel() and int(positions.max()) < self._cos.shape[0]:
-            return self._cos[positions], self._sin[positions]
-        return self._compute(positions)
+        """cos, sin for positions inside the tables (see `ensure`): (..., D/2) each.
+
+        A table lookup and nothing else: asking the device for the largest position here would
+        stall the host once per layer per step on a GPU."""
+        return self._cos[positions], self._sin[positions]
 
     def prefix(self, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for positions 0..num_positions-1: (num_positions, D/2) each."""
-        if num_positions <= self._cos.shape[0]:
-            return self._cos[:num_positions], self._sin[:num_positions]
-        return self._compute(torch.arange(num_positions, device=self.device))
+        self.ensure(num_positions)
+        return self._cos[:num_positions], self._sin[:num_positions]
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x (..., T, H, D) rotated by positions (..., T)."""

@@ -29,6 +29,10 @@ from reference_engine.model.recall import (
 from reference_engine.model.rotary import Rotary, high_band_frequencies, standard_frequencies
 
 INIT_STD = 0.02
+LAYER_STD = 0.1
+"""The ordinary blocks' attention and output projections: attention that picks out tokens
+rather than averaging the context flat, and writes to the work channels about as large as the
+embedding's, so the recall head's content terms hear every layer (and its K/V bytes)."""
 
 
 @dataclass(slots=True)
@@ -37,6 +41,9 @@ class ForwardBatch:
     positions: torch.Tensor  # (B, T) int64, logical positions of the new tokens
     logit_rows: torch.Tensor | None = None  # (B,) which of the T rows is sampled; None: none
     recall_positions: torch.Tensor | None = None  # (B,) prompt position quoted by that row
+    max_position: int | None = None
+    """The largest logical position in the batch or its cache, known on the host: rotary tables
+    grow to it before the forward, so no layer asks the device (None: within the tables)."""
 
 
 class RecallTransformer(nn.Module):
@@ -58,7 +65,14 @@ class RecallTransformer(nn.Module):
             for _ in range(config.num_layers - 1)
         )
         self._init_blocks(generator)
-        self.recall = RecallLayer(layout, config.num_heads, config.num_kv_heads, config.head_dim)
+        self.recall = RecallLayer(
+            layout,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.copy_noise,
+            torch.Generator().manual_seed(config.seed + 1),
+        )
         self.lm_head = nn.Linear(layout.num_code_bits, vocab_size, bias=False)
         with torch.no_grad():
             self.lm_head.weight.copy_(token_codes(torch.arange(vocab_size), layout.num_code_bits))
@@ -74,7 +88,8 @@ class RecallTransformer(nn.Module):
                 if "norm" in name:
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=generator) * INIT_STD)
+                    std = INIT_STD if name.endswith("gate_up.weight") else LAYER_STD
+                    p.copy_(torch.randn(p.shape, generator=generator) * std)
 
     @property
     def num_layers(self) -> int:
@@ -84,6 +99,9 @@ class RecallTransformer(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCacheView) -> torch.Tensor | None:
         """Write every layer's K/V for the batch; logits (B, vocab) if rows are sampled."""
+        if batch.max_position is not None:
+            self.rotary.ensure(batch.max_position + 1)
+            self.recall_rotary.ensure(batch.max_position + 1)
         h = self.embed(batch.input_ids)  # (B, T, hidden)
         for layer, block in enumerate(self.blocks):
             h = block(h, batch.positions, cache, layer, self.rotary)
@@ -115,6 +133,7 @@ class RecallTransformer(nn.Module):
         Reads the recall layer's K/V as they are in the cache and writes nothing; the query
         depends only on the constant channel, so any token's residual serves as the reader.
         """
+        self.recall_rotary.ensure(int(q_limits.max()) + 1)  # a tool, not the hot path
         h = self.embed(torch.zeros_like(recall_positions))  # (B, Tq, hidden)
         code = self.recall.read(
             h, recall_positions, q_limits, cache, len(self.blocks), self.recall_rotary

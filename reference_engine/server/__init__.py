@@ -8,11 +8,14 @@ Modules, one concept each:
     errors         OpenAI/SGLang error bodies
     generation     one request's bridge to a side: events, disconnect -> abort
     sse            server-sent events framing and a disconnect-aware streaming response
-    openai_api     the side's OpenAI routes (completions, chat, tokenize, models)
+    openai_api     the side's OpenAI and SGLang routes (completions, chat, /generate,
+                   tokenize, models, model info)
     metrics        per-app Prometheus registries with SGLang metric names
     app            per-side FastAPI apps and the all-in-one-process app (`build_app`)
     router         mini_lb: both sides get the request; the client gets decode's answer
+    usage_merge    the opt-in gateway edit: prefill's usage.prompt_tokens in decode's body
     asgi_transport an httpx transport that streams to an in-process ASGI app
+    tcp_frames     the TCP transfer's wire format: frames, codec, connections
     tcp_transfer   a TransferBackend over asyncio TCP streams (separate processes)
     worker         the entry point of one separate process (prefill, decode or router)
     launch         `running_engine`: start on a free loopback port, stop cleanly

@@ -3,7 +3,8 @@
 A side app serves one `PrefillSide` or `DecodeSide`: the OpenAI routes (`openai_api`),
 `/get_server_info` and `/server_info` (SGLang's flattened server info: server args,
 `max_total_num_tokens`, `max_req_input_len`, `internal_states`), `/metrics` (its own
-registry), `/health`, and `/kvcanary/state`, a debug endpoint with the side's allocated
+registry), `/health` (503 with the reason once the side's scheduler loop has died), and
+`/kvcanary/state`, a debug endpoint with the side's allocated
 pages and running requests (what drain checks read). Its lifespan starts and stops the
 side's scheduler loop.
 
@@ -21,11 +22,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from reference_engine.interfaces import DecodeSide, GenerateRequest, PrefillSide, TransferBackend
 from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.errors import install_error_handlers
+from reference_engine.server.errors import error_body, install_error_handlers
 from reference_engine.server.generation import Role
 from reference_engine.server.metrics import CONTENT_TYPE, SideMetrics
 from reference_engine.server.openai_api import ServedConfig, SideContext, openai_routes
@@ -69,6 +71,13 @@ def _version() -> str:
         return version("kvcanary")
     except Exception:  # running from a tree that is not installed
         return "0"
+
+
+def side_health_problem(ctx: SideContext) -> str | None:
+    """Why the side cannot serve (its scheduler loop died), or None."""
+    check = getattr(ctx.side, "health_problem", None)
+    problem = check() if callable(check) else None
+    return str(problem) if problem is not None else None
 
 
 def side_state(ctx: SideContext) -> dict[str, Any]:
@@ -128,6 +137,9 @@ def build_side_app(
 
     @app.get("/health")
     async def health() -> Response:
+        problem = side_health_problem(ctx)
+        if problem is not None:
+            return JSONResponse(error_body(problem, 503), status_code=503)
         return Response(status_code=200)
 
     return app
@@ -152,11 +164,16 @@ def build_app(config: Any, *, transfer: TransferBackend | None = None) -> FastAP
         transfer = InProcessTransfer(bandwidth_bytes_per_s=bandwidth)
     prefill_app = build_side_app(build_prefill(config, transfer), "prefill", config)
     decode_app = build_side_app(build_decode(config, transfer), "decode", config)
-    return build_in_process_router(prefill_app, decode_app, transfer)
+    merge = bool(getattr(config, "merge_prefill_usage", False))
+    return build_in_process_router(prefill_app, decode_app, transfer, merge_prefill_usage=merge)
 
 
 def build_in_process_router(
-    prefill_app: FastAPI, decode_app: FastAPI, transfer: TransferBackend | None = None
+    prefill_app: FastAPI,
+    decode_app: FastAPI,
+    transfer: TransferBackend | None = None,
+    *,
+    merge_prefill_usage: bool = False,
 ) -> FastAPI:
     """A router reaching two side apps in this process; their lifespans run inside its own."""
     prefill = SideEndpoint(
@@ -176,7 +193,7 @@ def build_in_process_router(
             if transfer is not None:
                 await transfer.close()
 
-    balancer = MiniLoadBalancer([prefill], [decode])
+    balancer = MiniLoadBalancer([prefill], [decode], merge_prefill_usage=merge_prefill_usage)
     lifespans = (closing_transfer, lifespan_of(prefill_app), lifespan_of(decode_app))
     app = build_router_app(balancer, lifespans=lifespans)
     app.state.balancer = balancer

@@ -22,9 +22,11 @@ _DEFAULT_PORT = 30000  # SGLang's default
 
 
 _ENDPOINTS = (
-    "endpoints: /v1/completions, /v1/chat/completions, /v1/models, /v1/tokenize, "
-    "/v1/detokenize, /get_server_info, /server_info, /metrics, /health, and the debug "
-    "endpoint /kvcanary/state (allocated pages per side)"
+    "endpoints: /v1/completions, /v1/chat/completions, /generate, /v1/models, /v1/tokenize, "
+    "/v1/detokenize, /get_model_info, /model_info, /get_server_info, /server_info, /metrics, "
+    "/health, and the debug endpoint /kvcanary/state (allocated pages per side); with "
+    "--processes the prefill and decode servers can be fronted by SGLang's own router "
+    "(sglang-router --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL)"
 )
 _DESCRIPTION = (
     "Run the bundled miniature SGLang-style prefill/decode engine behind an OpenAI-compatible "
@@ -58,7 +60,7 @@ def _help_epilog() -> str:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run the bundled reference engine (vulnerable or hardened)",
+        help="run the bundled reference engine (vulnerable, patched or hardened)",
         description=textwrap.fill(_DESCRIPTION, 88),
         epilog=_help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -114,6 +116,13 @@ def register(subparsers: Any) -> None:
         "size / bandwidth, writes of different requests concurrently, so a large write posted "
         "before an abort can land after a later request's writes (default: writes land at once)",
     )
+    add(
+        "--merge-prefill-usage",
+        action="store_true",
+        help="model a gateway that copies prefill's usage.prompt_tokens into decode's answer "
+        "(the vulnerable prefill's placeholder says 1); SGLang's routers do not, and it is "
+        "off in every preset",
+    )
     add("--device", help="cpu (default) or cuda[:N]")
     add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     add(
@@ -151,6 +160,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["prefix_cache"] = True
     if args.transfer_bandwidth is not None:
         overrides["transfer_bandwidth_bytes_per_s"] = args.transfer_bandwidth
+    if args.merge_prefill_usage:
+        overrides["merge_prefill_usage"] = True
     return overrides
 
 
@@ -172,6 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
     summary = f"preset {config.preset}, fixes {fixes}"
     if config.prefix_cache:
         summary += ", prefix cache on"
+    if config.merge_prefill_usage:
+        summary += ", router merges prefill's usage"
     if config.transfer_bandwidth_bytes_per_s is not None:
         summary += f", KV link {config.transfer_bandwidth_bytes_per_s:g} bytes/s"
     if args.processes:
@@ -202,8 +215,12 @@ def _serve_processes(args: argparse.Namespace, config: Any, summary: str) -> int
     cluster = ProcessCluster(config, host=args.host, port=args.port, inherit_output=True)
     try:
         cluster.start()
-        sides = ", ".join(f"{c.role} {c.url}" for c in cluster.children if c.role != "router")
-        print(f"kvcanary serve: listening on {cluster.url} ({summary}; {sides})", flush=True)
+        urls = {c.role: c.url for c in cluster.children}
+        print(
+            f"kvcanary serve: listening on {cluster.url} ({summary}; prefill {urls['prefill']} "
+            f"with KV bootstrap port {cluster.bootstrap_port}, decode {urls['decode']})",
+            flush=True,
+        )
         while True:
             cluster.check_alive()
             time.sleep(0.5)

@@ -84,6 +84,8 @@ class EngineHandle:
     processes: bool = False
     urls: dict[str, str] = field(default_factory=dict)
     """Every server's URL (`router`, and `prefill` / `decode` in separate processes)."""
+    bootstrap_port: int = 0
+    """The prefill's KV bootstrap port in separate processes (0 in one process)."""
 
     def state(self) -> dict[str, Any]:
         """The router's `/kvcanary/state`."""
@@ -200,6 +202,8 @@ class ProcessCluster:
         self._inherit = inherit_output
         self._log_dir = log_dir
         self.children: list[_Child] = []
+        self.bootstrap_port = 0
+        """The prefill's KV bootstrap port (what `--prefill URL PORT` names to SGLang's router)."""
 
     def _spawn(self, role: str, sock: socket.socket, *args: str, fds: tuple[int, ...] = ()) -> None:
         from reference_engine.server.worker import config_to_json
@@ -225,7 +229,8 @@ class ProcessCluster:
     def start(self) -> None:
         try:
             prefill_sock, decode_sock, bootstrap_sock = bind_socket(), bind_socket(), bind_socket()
-            bootstrap_port = str(bootstrap_sock.getsockname()[1])
+            self.bootstrap_port = int(bootstrap_sock.getsockname()[1])
+            bootstrap_port = str(self.bootstrap_port)
             fd = str(bootstrap_sock.fileno())
             self._spawn(
                 "prefill", prefill_sock, "--bootstrap-fd", fd, fds=(bootstrap_sock.fileno(),)
@@ -308,7 +313,8 @@ def running_engine(
         cluster.start()
         try:
             urls = {"router": cluster.url} | {c.role: c.url for c in cluster.children}
-            yield EngineHandle(cluster.url, config, processes=True, urls=urls)
+            port = cluster.bootstrap_port
+            yield EngineHandle(cluster.url, config, processes=True, urls=urls, bootstrap_port=port)
         finally:
             cluster.stop()
         return

@@ -1,4 +1,5 @@
-"""A side's OpenAI-compatible routes: completions, chat, tokenize/detokenize, models.
+"""A side's OpenAI-compatible and SGLang-native routes: completions, chat, `/generate`,
+tokenize/detokenize, models and model info.
 
 Both the prefill and the decode server expose these routes; the router sends each
 generation request to both. A side tokenizes the prompt, builds a `GenerateRequest` and
@@ -37,6 +38,7 @@ from reference_engine.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    GenerateRequestBody,
     TokenizeRequest,
     render_chat,
 )
@@ -81,7 +83,7 @@ def tenant_key(request: Request) -> str | None:
 def _generate_request(
     ctx: SideContext,
     request: Request,
-    body: CompletionRequest | ChatCompletionRequest,
+    body: CompletionRequest | ChatCompletionRequest | GenerateRequestBody,
     input_ids: list[int],
 ) -> GenerateRequest | str:
     if not input_ids:
@@ -106,7 +108,7 @@ def _generate_request(
 async def _serve(
     ctx: SideContext,
     request: Request,
-    body: CompletionRequest | ChatCompletionRequest,
+    body: CompletionRequest | ChatCompletionRequest | GenerateRequestBody,
     input_ids: list[int],
     kind: Kind,
 ) -> Response:
@@ -232,6 +234,27 @@ def openai_routes(ctx: SideContext) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         input_ids = ctx.tokenizer.encode(render_chat(body.messages))
         return await _serve(ctx, request, body, input_ids, "chat")
+
+    @routes.post("/generate")
+    async def generate(body: GenerateRequestBody, request: Request) -> Response:
+        prompt = body.input_ids if body.input_ids is not None else body.text or ""
+        return await _serve(ctx, request, body, _prompt_ids(ctx.tokenizer, prompt), "generate")
+
+    @routes.get("/get_model_info")
+    @routes.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return {
+            "model_path": ctx.model_name,
+            "tokenizer_path": ctx.model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "kvcanary-reference",
+            "architectures": ["KvcanaryReferenceForCausalLM"],
+            "max_model_len": ctx.config.context_length,
+        }
 
     @routes.post("/v1/tokenize")
     @routes.post("/tokenize")

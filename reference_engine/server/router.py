@@ -3,21 +3,26 @@
 For each generation request the router picks a prefill and a decode server, adds
 `bootstrap_host`, `bootstrap_port` (the prefill's bootstrap address) and `bootstrap_room`
 (random 63-bit) to the JSON body, and POSTs the same body to both at once. It answers with
-decode's status and body, streaming included. That is how the incident's HTTP 200 reached
-clients: prefill's view of a rejected prompt never reaches them. The one field taken from
-prefill's answer is `usage.prompt_tokens` (`usage_merge`): prefill processed the prompt,
-as mini_lb takes the prompt's logprobs from prefill. One difference from mini_lb: a client
-is held for prefill's answer only as long as that field needs it; otherwise prefill's
-exchange finishes in the background (`/kvcanary/state` counts it).
+decode's status and body, streaming included, untouched, as SGLang's mini_lb and the Rust
+sglang-router do. That is how the incident's HTTP 200 reached clients, with a correct
+`usage.prompt_tokens` (decode's count): prefill's view of a rejected prompt (its 400, or the
+vulnerable engine's `prompt_tokens=1`) never reaches them. Prefill's exchange finishes in
+the background (`/kvcanary/state` counts it).
+
+`merge_prefill_usage=True` models a different gateway, one that replaces decode's
+`usage.prompt_tokens` with prefill's (`usage_merge`); it is off unless the engine config
+asks for it, and then a client is held for prefill's answer only as long as that field
+needs it.
 
 If the client disconnects, both upstream exchanges are closed, so both sides see the
 disconnect and abort the request. The sides are reached through `httpx.AsyncClient`s: over
 HTTP for separate processes, through `StreamingASGITransport` in one process.
 
-Other routes: `/v1/models` and the tokenizer routes go to the first prefill server (as in
-mini_lb); `/get_server_info` returns `{"internal_states": [...decode...], "prefill":
-[infos], "decode": [infos]}`; `/metrics` merges every server's families; `/health` is 200
-when every server is.
+Other routes: `/v1/models`, `/get_model_info`, `/model_info` and the tokenizer routes go to
+the first prefill server (as in mini_lb); `/generate` is routed like the OpenAI routes;
+`/get_server_info` returns `{"internal_states": [...decode...], "prefill": [infos],
+"decode": [infos]}`; `/metrics` merges every server's families; `/health` is 200 when every
+server is.
 """
 
 from __future__ import annotations
@@ -83,9 +88,16 @@ def new_bootstrap_room() -> int:
 class MiniLoadBalancer:
     """mini_lb: a random (prefill, decode) pair per request."""
 
-    def __init__(self, prefills: Sequence[SideEndpoint], decodes: Sequence[SideEndpoint]) -> None:
+    def __init__(
+        self,
+        prefills: Sequence[SideEndpoint],
+        decodes: Sequence[SideEndpoint],
+        *,
+        merge_prefill_usage: bool = False,
+    ) -> None:
         assert prefills, "the router needs a prefill server"
         assert decodes, "the router needs a decode server"
+        self.merge_prefill_usage = merge_prefill_usage
         self.prefills = list(prefills)
         self.decodes = list(decodes)
         self.metrics = RouterMetrics()
@@ -145,7 +157,7 @@ class MiniLoadBalancer:
             finally:
                 await watcher.stop()
             self._track(prefill_exchange)
-            if upstream.status_code == 200:
+            if upstream.status_code == 200 and self.merge_prefill_usage:
                 content = await merge_json(content, _prompt_tokens_of(prefill_exchange))
             return Response(content, status_code=upstream.status_code, media_type=media_type)
         await watcher.stop()
@@ -155,9 +167,11 @@ class MiniLoadBalancer:
             await _cancel(prefill_exchange)
 
         self._track(prefill_exchange)
-        rewriter = UsageRewriter(_prompt_tokens_of(prefill_exchange))
+        rewriter = None
+        if upstream.status_code == 200 and self.merge_prefill_usage:
+            rewriter = UsageRewriter(_prompt_tokens_of(prefill_exchange))
         return DisconnectAwareStream(
-            self._relay(upstream, started, rewriter if upstream.status_code == 200 else None),
+            self._relay(upstream, started, rewriter),
             status_code=upstream.status_code,
             media_type=media_type,
             on_incomplete=on_incomplete,
@@ -279,9 +293,14 @@ def build_router_app(balancer: MiniLoadBalancer, *, lifespans: Sequence[Lifespan
     async def chat_completions(request: Request) -> Response:
         return await balancer.generate(request, "/v1/chat/completions")
 
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await balancer.generate(request, "/generate")
+
     for path in ("/v1/tokenize", "/tokenize", "/v1/detokenize", "/detokenize"):
         app.add_api_route(path, _prefill_proxy(balancer, path), methods=["POST"])
-    app.add_api_route("/v1/models", _prefill_proxy(balancer, "/v1/models"), methods=["GET"])
+    for path in ("/v1/models", "/get_model_info", "/model_info"):
+        app.add_api_route(path, _prefill_proxy(balancer, path), methods=["GET"])
 
     @app.get("/get_server_info")
     @app.get("/server_info")

@@ -3,7 +3,8 @@
 Bodies are permissive the way SGLang's are: unknown fields (temperature, top_p, seed, ...)
 are accepted and ignored, because the reference model is deterministic. What the engine
 needs is typed: the prompt, `max_tokens`, streaming options, `cache_salt`, and the router's
-`bootstrap_host` / `bootstrap_port` / `bootstrap_room`.
+`bootstrap_host` / `bootstrap_port` / `bootstrap_room`. SGLang's native `/generate` body
+(`text` or `input_ids`, `sampling_params.max_new_tokens`) shares the same fields.
 
 The chat template is deliberately plain text, so that a client can count a chat prompt's
 tokens exactly without the server: every message renders as `"{role}: {content}\\n"`, in
@@ -13,7 +14,7 @@ of parts contributes the concatenation of its `text` parts.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_MAX_TOKENS = 16
 """`max_tokens` when a request gives none (OpenAI's completions default)."""
@@ -60,6 +61,32 @@ class CompletionRequest(_GenerationBody):
     @property
     def max_new_tokens(self) -> int:
         return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
+
+
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+"""SGLang's `sampling_params.max_new_tokens` default for `/generate`."""
+
+
+class SamplingParams(_Body):
+    max_new_tokens: int = Field(default=SGLANG_DEFAULT_MAX_NEW_TOKENS, ge=1)
+
+
+class GenerateRequestBody(_GenerationBody):
+    """SGLang's native `POST /generate`: `text` or `input_ids` (one prompt per request)."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequestBody:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text or input_ids")
+        return self
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling_params.max_new_tokens
 
 
 class ContentPart(_Body):

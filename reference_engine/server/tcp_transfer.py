@@ -3,15 +3,7 @@
 The prefill process listens on its bootstrap port (`listen`); the decode process connects
 to the `bootstrap_host:bootstrap_port` its requests name (`route_room`), one connection per
 prefill, multiplexed by bootstrap room. Every frame is a fixed header, `!BQI` (frame type,
-room, body length), then the body:
-
-    HELLO      both, once  b"KVCT" + version (u16); the server echoes it back
-    BOOTSTRAP  decode ->   num_tokens, num_pages (u32 each), then num_pages page ids (u32)
-    PAGES      -> decode   first_page, num_pages (u32 each), then PageChunk.payload bytes
-    STATUS     -> decode   poll, flags (u8 each), first_token_id, num_tokens_written (i64),
-                           checksum (u64); flags say which optional fields are present
-    CANCEL     decode ->   empty: decode gave up on the room (client disconnect)
-    DRAIN_ACK  -> decode   empty: nothing more will be written for the room
+room, body length), then the body; the frames and their layout are in `tcp_frames`.
 
 Decode writes each PAGES frame through the room's `PageSink`, page ids taken from the
 destination list it announced at bootstrap. Frames on one connection are ordered, so a
@@ -38,10 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 from reference_engine.interfaces import (
     KVPoll,
@@ -51,124 +41,24 @@ from reference_engine.interfaces import (
     TransferMetadata,
     TransferStatus,
 )
+from reference_engine.server.tcp_frames import (
+    COUNTS,
+    HELLO,
+    Connection,
+    Frame,
+    ProtocolError,
+    check_hello,
+    decode_bootstrap,
+    decode_status,
+    encode_bootstrap,
+    encode_frame,
+    encode_status,
+    hello,
+    read_frame,
+)
 from reference_engine.transfer import flight_time_s
 
-_MAGIC = b"KVCT"
-_VERSION = 2
-_HELLO = struct.Struct("!4sH")
-_HEADER = struct.Struct("!BQI")
-_COUNTS = struct.Struct("!II")
-_STATUS = struct.Struct("!BBqqQI")
-_MAX_BODY = 1 << 30
 _NUM_CONCLUDED_KEPT = 4096
-
-
-class Frame(IntEnum):
-    BOOTSTRAP = 1
-    PAGES = 2
-    STATUS = 3
-    CANCEL = 4
-    DRAIN_ACK = 5
-
-
-class _Flag:
-    FIRST_TOKEN = 1
-    NUM_WRITTEN = 2
-    CHECKSUM = 4
-    ABORTED = 8
-    REJECTED = 16
-
-
-class ProtocolError(Exception):
-    """The peer sent something this protocol does not allow."""
-
-
-def encode_frame(kind: Frame, room: int, body: bytes = b"") -> bytes:
-    assert 0 <= room < 2**64, f"room out of range: {room}"
-    return _HEADER.pack(kind, room, len(body)) + body
-
-
-def encode_bootstrap(meta: TransferMetadata) -> bytes:
-    num_pages = len(meta.dst_page_ids)
-    ids = struct.pack(f"!{num_pages}I", *meta.dst_page_ids)
-    return encode_frame(Frame.BOOTSTRAP, meta.room, _COUNTS.pack(meta.num_tokens, num_pages) + ids)
-
-
-def decode_bootstrap(room: int, body: bytes) -> TransferMetadata:
-    num_tokens, num_pages = _COUNTS.unpack_from(body)
-    if len(body) != _COUNTS.size + 4 * num_pages:
-        raise ProtocolError(f"bootstrap for room {room}: {num_pages} pages, {len(body)} bytes")
-    ids = struct.unpack_from(f"!{num_pages}I", body, _COUNTS.size)
-    return TransferMetadata(room=room, dst_page_ids=tuple(ids), num_tokens=num_tokens)
-
-
-def encode_status(status: TransferStatus) -> bytes:
-    flags = (
-        (_Flag.FIRST_TOKEN if status.first_token_id is not None else 0)
-        | (_Flag.NUM_WRITTEN if status.num_tokens_written is not None else 0)
-        | (_Flag.CHECKSUM if status.checksum is not None else 0)
-        | (_Flag.ABORTED if status.aborted else 0)
-        | (_Flag.REJECTED if status.rejected else 0)
-    )
-    body = _STATUS.pack(
-        int(status.poll),
-        flags,
-        status.first_token_id or 0,
-        status.num_tokens_written or 0,
-        status.checksum or 0,
-        status.num_cached_tokens,
-    )
-    return encode_frame(Frame.STATUS, status.room, body)
-
-
-def decode_status(room: int, body: bytes) -> TransferStatus:
-    if len(body) != _STATUS.size:
-        raise ProtocolError(f"status for room {room}: {len(body)} bytes")
-    poll, flags, first_token, num_written, checksum, num_cached = _STATUS.unpack(body)
-    return TransferStatus(
-        room=room,
-        poll=KVPoll(poll),
-        first_token_id=first_token if flags & _Flag.FIRST_TOKEN else None,
-        num_tokens_written=num_written if flags & _Flag.NUM_WRITTEN else None,
-        checksum=checksum if flags & _Flag.CHECKSUM else None,
-        aborted=bool(flags & _Flag.ABORTED),
-        rejected=bool(flags & _Flag.REJECTED),
-        num_cached_tokens=num_cached,
-    )
-
-
-async def read_frame(reader: asyncio.StreamReader) -> tuple[Frame, int, bytes]:
-    kind, room, length = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    if length > _MAX_BODY:
-        raise ProtocolError(f"frame of {length} bytes")
-    try:
-        frame = Frame(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown frame type {kind}") from None
-    return frame, room, await reader.readexactly(length)
-
-
-class _Connection:
-    """One TCP stream; whole frames are written atomically, drains are serialised."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self._drain_lock = asyncio.Lock()
-        self.closed = False
-
-    async def send(self, frame: bytes) -> None:
-        if self.closed:
-            raise ConnectionError("transfer connection closed")
-        self.writer.write(frame)
-        async with self._drain_lock:
-            await self.writer.drain()
-
-    async def close(self) -> None:
-        self.closed = True
-        self.writer.close()
-        with contextlib.suppress(Exception):
-            await self.writer.wait_closed()
 
 
 @dataclass
@@ -177,7 +67,7 @@ class _Receiver:
 
     meta: TransferMetadata
     sink: PageSink
-    conn: _Connection
+    conn: Connection
     status: asyncio.Future[TransferStatus]
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -187,7 +77,7 @@ class _Sender:
     """Prefill's view of one room."""
 
     meta: TransferMetadata | None = None
-    conn: _Connection | None = None
+    conn: Connection | None = None
     cancelled: bool = False
     sending: bool = False
     drain_acked: bool = False
@@ -212,7 +102,7 @@ class TcpTransfer(TransferBackend):
         self._default_bootstrap = default_bootstrap
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
         self._routes: OrderedDict[int, tuple[str, int]] = OrderedDict()
-        self._connections: dict[tuple[str, int], _Connection] = {}
+        self._connections: dict[tuple[str, int], Connection] = {}
         self._connecting: dict[tuple[str, int], asyncio.Lock] = {}
         self._receivers: dict[int, _Receiver] = {}
         self._concluded: OrderedDict[int, TransferStatus] = OrderedDict()
@@ -220,7 +110,7 @@ class TcpTransfer(TransferBackend):
         self._concluded_early: OrderedDict[int, TransferStatus] = OrderedDict()
         """Rooms prefill concluded before decode bootstrapped them (an intake rejection)."""
         self._server: asyncio.Server | None = None
-        self._accepted: set[_Connection] = set()
+        self._accepted: set[Connection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ prefill: listening
@@ -237,13 +127,11 @@ class TcpTransfer(TransferBackend):
         return bound
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(reader, writer)
+        conn = Connection(reader, writer)
         self._accepted.add(conn)
         try:
-            magic, version = _HELLO.unpack(await reader.readexactly(_HELLO.size))
-            if magic != _MAGIC or version != _VERSION:
-                raise ProtocolError(f"bad hello {magic!r} v{version}")
-            await conn.send(_HELLO.pack(_MAGIC, _VERSION))
+            check_hello(await reader.readexactly(HELLO.size), "decode")
+            await conn.send(hello())
             while True:
                 kind, room, body = await read_frame(reader)
                 if kind == Frame.BOOTSTRAP:
@@ -267,7 +155,7 @@ class TcpTransfer(TransferBackend):
             self._senders[room] = _Sender()
         return self._senders[room]
 
-    async def _on_bootstrap(self, conn: _Connection, meta: TransferMetadata) -> None:
+    async def _on_bootstrap(self, conn: Connection, meta: TransferMetadata) -> None:
         early = self._concluded_early.pop(meta.room, None)
         if early is not None:  # prefill already gave up on the room: say so at once
             await conn.send(encode_status(early))
@@ -278,7 +166,7 @@ class TcpTransfer(TransferBackend):
         sender.meta, sender.conn = meta, conn
         sender.notify()
 
-    async def _on_cancel(self, conn: _Connection, room: int) -> None:
+    async def _on_cancel(self, conn: Connection, room: int) -> None:
         if room in self._concluded_early:
             await conn.send(encode_frame(Frame.DRAIN_ACK, room))
             return
@@ -306,7 +194,7 @@ class TcpTransfer(TransferBackend):
         if sender is None or sender.conn is None or sender.drain_acked:
             return  # never bootstrapped, or cancelled before anything was sent
         sender.sending = True
-        body = _COUNTS.pack(chunk.first_page, chunk.num_pages) + chunk.payload
+        body = COUNTS.pack(chunk.first_page, chunk.num_pages) + chunk.payload
         if self.bandwidth_bytes_per_s is not None:  # posted: in flight, a cancel or not
             await asyncio.sleep(flight_time_s(len(chunk.payload), self.bandwidth_bytes_per_s))
         with contextlib.suppress(ConnectionError):
@@ -337,26 +225,27 @@ class TcpTransfer(TransferBackend):
             while len(self._routes) > _NUM_CONCLUDED_KEPT:  # rooms decode never registered
                 self._routes.popitem(last=False)
 
-    async def _connection(self, address: tuple[str, int]) -> _Connection:
+    async def _connection(self, address: tuple[str, int]) -> Connection:
         lock = self._connecting.setdefault(address, asyncio.Lock())
         async with lock:
             conn = self._connections.get(address)
             if conn is not None and not conn.closed:
                 return conn
             reader, writer = await asyncio.open_connection(*address)
-            conn = _Connection(reader, writer)
-            await conn.send(_HELLO.pack(_MAGIC, _VERSION))
-            magic, version = _HELLO.unpack(await reader.readexactly(_HELLO.size))
-            if magic != _MAGIC or version != _VERSION:
+            conn = Connection(reader, writer)
+            await conn.send(hello())
+            try:
+                check_hello(await reader.readexactly(HELLO.size), f"{address}")
+            except ProtocolError:
                 await conn.close()
-                raise ProtocolError(f"bad hello from {address}: {magic!r} v{version}")
+                raise
             self._connections[address] = conn
             task = asyncio.create_task(self._read_decode_frames(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return conn
 
-    async def _read_decode_frames(self, conn: _Connection) -> None:
+    async def _read_decode_frames(self, conn: Connection) -> None:
         try:
             while True:
                 kind, room, body = await read_frame(conn.reader)
@@ -364,9 +253,9 @@ class TcpTransfer(TransferBackend):
                 if receiver is None:
                     continue  # a room decode already forgot
                 if kind == Frame.PAGES:
-                    first, num_pages = _COUNTS.unpack_from(body)
+                    first, num_pages = COUNTS.unpack_from(body)
                     page_ids = receiver.meta.dst_page_ids[first : first + num_pages]
-                    receiver.sink.write_pages(page_ids, body[_COUNTS.size :])
+                    receiver.sink.write_pages(page_ids, body[COUNTS.size :])
                 elif kind == Frame.STATUS:
                     self._finish_room(room, decode_status(room, body))
                 elif kind == Frame.DRAIN_ACK:

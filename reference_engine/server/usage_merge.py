@@ -1,10 +1,12 @@
-"""The router's one edit to decode's body: `usage.prompt_tokens` comes from prefill.
+"""An opt-in gateway edit to decode's body: `usage.prompt_tokens` taken from prefill.
 
-Prefill is the server that processed the prompt, so the router reports prefill's count of
-it, the way mini_lb takes the prompt's logprobs from prefill's answer. Everything else in
-the body (status, text, completion tokens, cached tokens) is decode's. On the vulnerable
-engine this is how the incident's `prompt_tokens: 1` reaches the client: prefill served
-the one-token placeholder and said so, while decode answered from pages it never got.
+SGLang's mini_lb and Rust sglang-router return decode's body untouched, and so does the
+bundled router by default. With the engine setting `merge_prefill_usage` (off in every
+preset) the router instead models a gateway that reports prefill's count of the prompt,
+since prefill is the server that processed it. Everything else in the body (status, text,
+completion tokens, cached tokens) stays decode's. On the vulnerable engine this is how
+`prompt_tokens: 1` would reach a client: prefill served the one-token placeholder and said
+so, while decode answered from pages it never got.
 
 Only successful answers are merged; an error body, or a stream without a usage chunk,
 passes through unchanged. Streams are rewritten event by event (`UsageRewriter`), and only

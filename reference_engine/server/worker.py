@@ -74,7 +74,10 @@ def _build_app(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
             bootstrap_port=args.bootstrap_port,
         )
         decode = SideEndpoint(args.decode_url, side_client(args.decode_url))
-        return build_router_app(MiniLoadBalancer([prefill], [decode])), None
+        balancer = MiniLoadBalancer(
+            [prefill], [decode], merge_prefill_usage=config.merge_prefill_usage
+        )
+        return build_router_app(balancer), None
 
     import torch
 

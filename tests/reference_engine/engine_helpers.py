@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,11 @@ TINY_MODEL: dict[str, Any] = {
 
 
 def small_config(preset: str = "vulnerable", **overrides: Any) -> EngineConfig:
-    """A preset at context 1024 (the incident's shape, quick on CPU), fields overridden."""
+    """A preset at context 1024 (the incident's shape, quick on CPU), fields overridden.
+
+    KVCANARY_TEST_DTYPE=bfloat16 (or float16) runs the engine tests over narrow pools."""
     overrides.setdefault("context_length", 1024)
+    overrides.setdefault("dtype", os.environ.get("KVCANARY_TEST_DTYPE", "float32"))
     return EngineConfig.from_preset(preset, **overrides)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from reference_engine import kv_codec
@@ -87,12 +88,14 @@ def test_chunked_causal_prefill_matches_one_naive_pass() -> None:
     torch.testing.assert_close(fast, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_kv_codec_round_trips_and_checksums_ignore_page_ids() -> None:
-    k_src, v_src = random_pool(10, seed=3)
-    k_dst, v_dst = torch.zeros(10, P, HKV, D), torch.zeros(10, P, HKV, D)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kv_codec_round_trips_and_checksums_ignore_page_ids(dtype: torch.dtype) -> None:
+    k_src, v_src = (t.to(dtype) for t in random_pool(10, seed=3))
+    k_dst, v_dst = torch.zeros(10, P, HKV, D, dtype=dtype), torch.zeros(10, P, HKV, D, dtype=dtype)
     src_pages, dst_pages = [3, 1, 7], [2, 9, 4]
     payload = kv_codec.encode_pages([k_src], [v_src], src_pages)
     assert len(payload) == kv_codec.payload_nbytes([k_src], 3)
+    assert len(payload) == 2 * 3 * P * HKV * D * dtype.itemsize  # the pool's own element size
     kv_codec.write_pages([k_dst], [v_dst], dst_pages, payload)
     torch.testing.assert_close(k_dst[dst_pages], k_src[src_pages], rtol=0, atol=0)
     torch.testing.assert_close(v_dst[dst_pages], v_src[src_pages], rtol=0, atol=0)
@@ -100,3 +103,27 @@ def test_kv_codec_round_trips_and_checksums_ignore_page_ids() -> None:
     assert same == kv_codec.checksum([k_dst], [v_dst], dst_pages)
     assert same != kv_codec.checksum([k_dst], [v_dst], dst_pages[:2])
     assert same != kv_codec.checksum([k_dst], [v_dst], [2, 4, 9])
+
+
+def test_narrow_pools_are_read_up_to_the_query_dtype() -> None:
+    """bfloat16 pools: paged attention equals the oracle over the same (rounded) K/V."""
+    k_pool, v_pool = (t.to(torch.bfloat16) for t in random_pool(8, seed=4))
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 1, HQ, D, generator=g)
+    rotary = Rotary(standard_frequencies(D), 128, CPU)
+    table, n = [3, 5, 1], 40
+    out = paged_attention(
+        q,
+        k_pool,
+        v_pool,
+        torch.tensor([table]),
+        torch.tensor([n]),
+        torch.tensor([[n - 1]]),
+        rotary,
+        D**-0.5,
+    )
+    assert out.dtype == torch.float32
+    k = gathered(k_pool, table, n)[None]
+    v = gathered(v_pool, table, n)[None]
+    expected = naive_attention(q, k, v, torch.tensor([n]), torch.tensor([[n - 1]]), rotary, D**-0.5)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)

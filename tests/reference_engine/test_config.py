@@ -64,6 +64,20 @@ def test_pool_covers_context_refuses_the_vulnerable_pools() -> None:
         EngineConfig.from_preset("vulnerable", fixes=frozenset({"pool_covers_context"}))
 
 
+def test_patched_preset_keeps_the_incident_pools_with_every_fix_that_can_start() -> None:
+    patched = EngineConfig.from_preset("patched")
+    vulnerable = EngineConfig.from_preset("vulnerable")
+    assert (patched.prefill_pool_tokens, patched.decode_pool_tokens) == (
+        vulnerable.prefill_pool_tokens,
+        vulnerable.decode_pool_tokens,
+    )
+    assert patched.prefill_pool_tokens < patched.context_length
+    assert patched.fixes == frozenset(FIXES) - {"pool_covers_context"}
+    assert not patched.merge_prefill_usage
+    small = EngineConfig.from_preset("patched", context_length=1024)
+    assert small.prefill_pool_tokens == 656  # the pools follow the context, as vulnerable's
+
+
 def test_unknown_preset_and_unknown_field_are_errors() -> None:
     with pytest.raises(ValueError, match="unknown preset"):
         EngineConfig.from_preset("nope")
@@ -72,7 +86,7 @@ def test_unknown_preset_and_unknown_field_are_errors() -> None:
 
 
 def test_help_tables_describe_every_preset_and_fix() -> None:
-    assert set(PRESETS) == {"vulnerable", "hardened"}
+    assert set(PRESETS) == {"vulnerable", "patched", "hardened"}
     for fix, text in FIXES.items():
         assert text.strip(), fix
     assert "#38935" in FIXES["admission_retire"]

@@ -13,6 +13,7 @@ CLEAN (200, no foreign canary). Each fix is tried alone.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from engine_canaries import Canaries
@@ -50,7 +51,7 @@ async def over_pool(engine: DisaggregatedEngine, canaries: Canaries) -> EngineRe
         victim = canaries.prompt(f"victim{i}", 600, tenant=i + 1)
         result = await engine.generate(engine.request(victim.rid, victim.input_ids, 17))
         assert result.status == 200
-        assert canaries.owners(result.text) == {victim.rid}
+        assert canaries.owners(result.text) <= {victim.rid}  # a noisy copy may lose its canary
     attacker = canaries.prompt("attacker", 900)  # prefill's limit is 650, decode's 1018
     result = await engine.generate(engine.request("attacker", attacker.input_ids, 96))
     await settle(engine)
@@ -66,7 +67,7 @@ async def test_vulnerable_answers_the_over_pool_prompt_from_victims_pages(
     assert result.status == 200
     assert result.prefill_finish.status == 200
     assert result.prefill_finish.prompt_tokens == 1  # SGLang #33507
-    assert len(canaries.foreign(result.text, "attacker")) >= 2
+    assert canaries.foreign(result.text, "attacker")  # found by content, at the default noise
     assert "attacker" not in canaries.owners(result.text)  # its prompt was never prefilled
 
 
@@ -125,11 +126,15 @@ class HeldWriteTransfer(InProcessTransfer):
 
     That is the race made deterministic: the aborted request's write is posted before the
     abort and lands after the next owner's own pages were written, before it is decoded.
+    `landed_on` records who owned the destination pages in decode's pool when it landed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, owners: Callable[[tuple[int, ...]], list[str | None]]) -> None:
         super().__init__()
         self.held_room: int | None = None
+        self.release_room: int | None = None
+        self.owners = owners
+        self.landed_on: list[str | None] = []
         self.holding, self.released, self.landed = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def send_pages(self, chunk: PageChunk) -> None:
@@ -137,11 +142,14 @@ class HeldWriteTransfer(InProcessTransfer):
             return await super().send_pages(chunk)
         self.holding.set()
         await self.released.wait()
+        meta = self._rooms[chunk.room].meta
+        assert meta is not None
+        self.landed_on = self.owners(meta.dst_page_ids[: chunk.num_pages])
         await super().send_pages(chunk)
         self.landed.set()
 
     async def conclude(self, status: TransferStatus) -> None:
-        if status.room != self.held_room and self.holding.is_set() and not self.landed.is_set():
+        if status.room == self.release_room and self.holding.is_set() and not self.landed.is_set():
             self.released.set()
             await self.landed.wait()
         await super().conclude(status)
@@ -149,29 +157,46 @@ class HeldWriteTransfer(InProcessTransfer):
 
 async def mid_transfer_abort(
     canaries: Canaries, preset: str = "vulnerable", **overrides: object
-) -> EngineResult:
-    transfer = HeldWriteTransfer()
-    config = small_config(preset, free_order="lifo", transfer_chunk_pages=4, **overrides)
+) -> tuple[EngineResult, list[str | None]]:
+    """Under SGLang's PD free order (sorted): A is the first request of a fresh decode pool, so
+    it holds its lowest pages, and is dropped while its first write is in flight. Four victims
+    run the free list down without a merge (freed pages wait in the release list). B then
+    needs more pages than are left: the merge sorts every free page, B gets the lowest, A's,
+    and A's late write lands on B's own KV. Returns B's result and who owned the pages A's
+    write landed on."""
+    overrides.setdefault("free_order", "sorted")
+    config = small_config(preset, transfer_chunk_pages=4, **overrides)
     a, b = canaries.prompt("A", 320, tenant=1), canaries.prompt("B", 320, tenant=2)
-    async with DisaggregatedEngine(config, transfer) as engine:
+    transfer = HeldWriteTransfer(lambda pages: [engine.decode.allocator.owners[p] for p in pages])
+    engine = DisaggregatedEngine(config, transfer)
+    async with engine:
         request_a = engine.request("A", a.input_ids, 32)
         transfer.held_room = request_a.bootstrap_room
         answer_a = asyncio.create_task(engine.generate(request_a))
         await transfer.holding.wait()
         await engine.decode.abort("A")  # the client of A disconnects mid-transfer
-        result_b = await engine.generate(engine.request("B", b.input_ids, 64))
+        for i in range(4):  # 24 decode pages each (21 at prefill, whose pool still holds A)
+            victim = canaries.prompt(f"V{i}", 330, tenant=3)
+            result = await engine.generate(engine.request(victim.rid, victim.input_ids, 48))
+            assert result.status == 200
+        request_b = engine.request("B", b.input_ids, 64)
+        transfer.release_room = request_b.bootstrap_room
+        result_b = await engine.generate(request_b)
         assert (await answer_a).status == 499
         assert transfer.landed.is_set()
         await settle(engine)
         assert engine.num_allocated_pages() == 0
         assert engine.transfer_is_idle()
-    return result_b
+    return result_b, transfer.landed_on
 
 
 @pytest.mark.parametrize("fix", list(MID_TRANSFER))
 async def test_mid_transfer_abort_with_each_fix_alone(canaries: Canaries, fix: str) -> None:
-    result = await mid_transfer_abort(canaries, fixes=frozenset({fix} if fix else ()))
+    result, landed_on = await mid_transfer_abort(canaries, fixes=frozenset({fix} if fix else ()))
     assert outcome(result, canaries, "B") == MID_TRANSFER[fix]
+    # the vulnerable decode handed A's pages to B before A's write landed; deferred_release
+    # held them, so the write landed on pages that were still A's
+    assert set(landed_on) == ({"A"} if fix == "deferred_release" else {"B"})
     if MID_TRANSFER[fix] == LEAK:
         assert canaries.foreign(result.text, "B") == {"A"}
     if MID_TRANSFER[fix] == CLEAN:
@@ -179,8 +204,9 @@ async def test_mid_transfer_abort_with_each_fix_alone(canaries: Canaries, fix: s
 
 
 async def test_hardened_closes_both_classes(canaries: Canaries) -> None:
-    result = await mid_transfer_abort(canaries, "hardened")
+    result, landed_on = await mid_transfer_abort(canaries, "hardened")
     assert outcome(result, canaries, "B") == CLEAN
+    assert set(landed_on) == {"A"}
     async with DisaggregatedEngine(small_config("hardened")) as engine:
         result = await over_pool(engine, canaries)
     assert result.status == 200  # the pools hold it: served from its own pages

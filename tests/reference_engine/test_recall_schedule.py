@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from reference_engine.recall_schedule import recall_position
 
 
@@ -24,3 +26,52 @@ def test_positions_stay_inside_the_prompt() -> None:
     for length in (1, 7, 16, 17, 333):
         for step in range(200):
             assert 0 <= recall_position(step, length, 16, 200) < length
+
+
+# ---- copy_noise --------------------------------------------------------------------------
+
+
+def noisy(length: int, steps: int, noise: float, salt: int = 7) -> list[int]:
+    return [
+        recall_position(t, length, 16, steps, copy_noise=noise, salt=salt) for t in range(steps)
+    ]
+
+
+def test_noisy_positions_stay_inside_the_prompt_and_step_zero_is_fixed() -> None:
+    for length in (1, 7, 16, 17, 333, 3000):
+        for noise in (0.1, 0.4, 1.0):
+            positions = noisy(length, 200, noise)
+            assert positions[0] == 0
+            assert all(0 <= p < length for p in positions)
+
+
+def test_noisy_schedule_is_seeded() -> None:
+    assert noisy(3000, 300, 0.4) == noisy(3000, 300, 0.4)
+    assert noisy(3000, 300, 0.4) != noisy(3000, 300, 0.4, salt=8)
+
+
+def test_noise_drops_stutters_jumps_and_varies_run_lengths() -> None:
+    positions = noisy(3000, 2000, 0.4)
+    moves = [b - a for a, b in pairwise(positions[1:])]
+    assert moves.count(1) > len(moves) // 2  # mostly copying on
+    assert 2 in moves  # a dropped token
+    assert 0 in moves  # a stutter
+    assert any(abs(m) > 16 for m in moves)  # a jump elsewhere, or the next excerpt
+    runs, length = [], 1
+    for move in moves:
+        if move == 1:
+            length += 1
+        else:
+            runs.append(length)
+            length = 1
+    assert len(set(runs)) >= 5  # quoted runs of varying length
+    starts = {positions[1 + 16 * e] % 16 for e in range(len(positions) // 16 - 1)}
+    assert len(starts) > 4  # excerpts no longer open on page boundaries
+
+
+def test_more_noise_means_fewer_plain_steps() -> None:
+    def plain(noise: float) -> int:
+        positions = noisy(3000, 2000, noise)
+        return sum(b - a == 1 for a, b in pairwise(positions[1:]))
+
+    assert plain(0.0) > plain(0.2) > plain(0.6) > plain(1.0)

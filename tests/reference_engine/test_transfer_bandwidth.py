@@ -151,6 +151,8 @@ async def drop_a_large_request_mid_write(canaries: Canaries, fixes: frozenset[st
         transfer_chunk_pages=64,
         transfer_bandwidth_bytes_per_s=ENGINE_BANDWIDTH,
         fixes=fixes,
+        dtype="float32",  # flight times are sized from float32 pages (PAGE_BYTES)
+        copy_noise=0.0,  # exact quotes: 64 tokens name whose pages B read
         **TINY_MODEL,
     )
     a, b = canaries.prompt("A", 520, tenant=1), canaries.prompt("B", 32, tenant=2)

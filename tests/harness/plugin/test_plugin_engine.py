@@ -2,9 +2,10 @@
 
 Two sessions, one per preset, each starting the engine once and sharing two runs and an
 audit between its checks (check 9, the opt-in prefix-cache probe, skips here). The
-vulnerable engine must fail the over-pool, leak, usage, timing and pool checks (1, 3, 5, 6,
-8) with readable findings and pass the others: its over-context prompts are refused,
-nothing leaks below the limits, and its abort plans drop after the KV write has landed
+vulnerable engine must fail the over-pool, leak, timing and pool checks (1, 3, 6, 8) with
+readable findings and pass the others: its over-context prompts are refused, its usage is
+decode's honest count (the router relays it, as SGLang's do), nothing leaks below the
+limits, and its abort plans drop after the KV write has landed
 (README.md, "The pytest plugin", says why). A user's own `kvcanary_run` test in the same
 session reads its run as a DataFrame. The hardened engine must pass the seven others
 (check 6 may skip, saying why, when TTFT noise on a busy machine hides a prefill).
@@ -34,7 +35,8 @@ USER_TEST = """
         pool = result.summary["limits"]["pool_tokens"]
         answered = df[(df["num_prompt_tokens"] >= pool) & (df["outcome"] == "accepted")]
         assert not answered.empty  # the vulnerable engine answers over-pool prompts
-        assert (answered["prompt_tokens"] == 1).all()  # from a one-token placeholder
+        # usage is decode's, as SGLang's routers relay it: the full prompt, not prefill's 1
+        assert (answered["prompt_tokens"] == answered["num_prompt_tokens"]).all()
         assert result.verdict == "leak"
         assert "unsafe_accept" in {str(f.kind) for f in result.findings}
         assert (result.out_dir / "summary.json").is_file()
@@ -77,7 +79,7 @@ def test_the_vulnerable_engine_fails_the_incident_checks_readably(
         "test_2_over_context_prompts_are_rejected": "passed",
         "test_3_no_leak_at_or_above_the_limits": "failed",
         "test_4_no_leak_below_the_limits_under_load": "passed",
-        "test_5_usage_matches_the_prompt_sent": "failed",
+        "test_5_usage_matches_the_prompt_sent": "passed",
         "test_6_ttft_shows_a_real_prefill": "failed",
         "test_7_disconnects_do_not_leak_later": "passed",
         "test_8_kv_pool_holds_the_context": "failed",
@@ -90,7 +92,7 @@ def test_the_vulnerable_engine_fails_the_incident_checks_readably(
             "kvcanary check 1 failed: over-pool prompts are rejected with an error, not answered",
             "  * prompt(s) at or above the KV pool (* tokens) got HTTP 200 instead of an error",
             "  - unsafe_accept (critical) t*-r* [[]tenant-*[]]",
-            "      request: * tokens (*, expected reject), HTTP 200, usage.prompt_tokens=1, TTFT *",
+            "      request: * tokens (*, expected reject), HTTP 200, usage.prompt_tokens=*, TTFT *",
             "  report: runs/suite-incident/report.html",
         ]
     )
@@ -102,7 +104,6 @@ def test_the_vulnerable_engine_fails_the_incident_checks_readably(
             "      excerpt: *redacted*",
         ]
     )
-    result.stdout.fnmatch_lines(["*usage.prompt_tokens differed from the tokens sent*-> 1*"])
     result.stdout.fnmatch_lines(
         ["kvcanary check 6 failed: TTFT at the largest accepted size is consistent with a *",
          "  * the largest accepted prompt (* tokens, t*-r*) got its first token after * ms*"]
@@ -146,7 +147,7 @@ def test_the_hardened_engine_passes_every_check(pytester: pytest.Pytester) -> No
     # It must never fail: every prompt was really prefilled.
     timing_reason = reasons["test_6_ttft_shows_a_real_prefill"]
     if timing == "skipped":
-        assert timing_reason.startswith("TTFT noise (")
+        assert timing_reason.startswith("not judged: TTFT noise (")
     else:
         assert timing == "passed"
         assert "; a real prefill takes about" in timing_reason

@@ -198,9 +198,8 @@ def test_glm53_incident_reproduces_with_a_full_evidence_bundle(tmp_path: Path) -
     result = run_shipped("glm53-incident", tmp_path)
     assert result.verdict == "reproduced", result.reasons
     assert result.exit_status == 0
-    assert {"cross_tenant_canary", "unsafe_accept", "prompt_tokens_mismatch"} <= set(
-        result.findings
-    )
+    assert {"cross_tenant_canary", "unsafe_accept"} <= set(result.findings)
+    assert "prompt_tokens_mismatch" not in result.findings  # the client sees decode's usage
     out = tmp_path / "out"
     for name in ("journal.jsonl", "summary.json", "report.html", "report.md", "junit.xml"):
         assert (out / name).is_file(), name
@@ -235,9 +234,10 @@ def test_sglang_30233_reproduces_through_the_command_line(
         r for r in records(out) if r["type"] == "observation" and r["request_id"].startswith("t0")
     )
     assert probe["status"] == 200
-    assert probe["usage"]["prompt_tokens"] == 1  # the signature
     plan = next(r for r in records(out) if r["type"] == "plan" and r["intent"] == "probe")
     assert plan["num_prompt_tokens"] == 640 + 9
+    # the router relays decode's usage: prefill's prompt_tokens=1 never reaches the client
+    assert probe["usage"]["prompt_tokens"] == plan["num_prompt_tokens"]
 
 
 def test_hardened_control_stays_clean(tmp_path: Path) -> None:
@@ -246,6 +246,16 @@ def test_hardened_control_stays_clean(tmp_path: Path) -> None:
     assert result.findings == {}
     probes = [s for s in result.steps if s.step.kind == "probes"]
     assert probes[0].errors == {"http_status": 2}  # both over-limit probes were refused
+
+
+def test_patched_control_refuses_the_incidents_probes_and_stays_clean(tmp_path: Path) -> None:
+    result = run_shipped("patched-control", tmp_path)
+    assert result.verdict == "reproduced", result.reasons
+    assert result.findings == {}
+    started = records(tmp_path / "out")[0]
+    assert started["limits"]["pool_tokens"] == 656  # the incident's pool, below the context
+    probes = [s for s in result.steps if s.step.kind == "probes"]
+    assert probes[0].errors == {"http_status": 2}  # both over-pool probes got their 400
 
 
 def test_mid_transfer_abort_reproduces_from_requests_dropped_before_their_first_byte(

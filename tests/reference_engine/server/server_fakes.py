@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from reference_engine.interfaces import FinishOut, GenerateRequest, TokenOut
 from reference_engine.server.errors import error_body
 from reference_engine.tokenizer import load_tokenizer
@@ -106,3 +108,12 @@ class FakeDecode(_FakeSide):
             yield FinishOut(reason, 200, n, num_out, cached_tokens=min(n, 3))
         finally:
             self.pages.pop(req.rid, None)
+
+
+@dataclass
+class FakeEngine:
+    """The router over a fake prefill and decode, and a client for it (`conftest`)."""
+
+    client: httpx.AsyncClient
+    prefill: FakePrefill
+    decode: FakeDecode

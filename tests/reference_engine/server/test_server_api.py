@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import aconnect_sse
-
-from conftest import FakeEngine
+from server_fakes import FakeEngine
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
@@ -54,13 +53,26 @@ async def test_completion_body_has_text_and_engine_usage(fake_engine: FakeEngine
     assert usage["prompt_tokens_details"] == {"cached_tokens": 3}
 
 
-async def test_prompt_tokens_in_usage_are_prefills_count(fake_engine: FakeEngine) -> None:
-    fake_engine.prefill.reported_prompt_tokens = 1
+async def test_usage_at_the_client_is_decodes_untouched(fake_engine: FakeEngine) -> None:
+    fake_engine.prefill.reported_prompt_tokens = 1  # the vulnerable placeholder's count
     body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": 4}
     usage = (await fake_engine.client.post("/v1/completions", json=body)).json()["usage"]
-    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (1, 4, 5)
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (9, 4, 13)
     body |= {"stream": True, "stream_options": {"include_usage": True}}
     events = await sse_events(fake_engine.client, "/v1/completions", body)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["usage"]["prompt_tokens"] == 9
+
+
+async def test_a_merging_gateway_reports_prefills_prompt_count(
+    merging_engine: FakeEngine,
+) -> None:
+    merging_engine.prefill.reported_prompt_tokens = 1
+    body: dict[str, Any] = {"prompt": PROMPT, "max_tokens": 4}
+    usage = (await merging_engine.client.post("/v1/completions", json=body)).json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (1, 4, 5)
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    events = await sse_events(merging_engine.client, "/v1/completions", body)
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[-1]["usage"]["prompt_tokens"] == 1
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "The quick brown fox"

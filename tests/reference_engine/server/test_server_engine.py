@@ -22,7 +22,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from canaries import BuiltPrompt, CanaryMinter, build_prompt, load_tokenizer
+from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
 from reference_engine.server.app import build_app
 from reference_engine.server.asgi_transport import StreamingASGITransport
 from reference_engine.server.launch import (
@@ -46,7 +46,11 @@ def auth(tenant: int) -> dict[str, str]:
 
 
 def canaries_in(text: str, built: BuiltPrompt) -> int:
-    return sum(span.text in text for span in built.canaries)
+    """How many of `built`'s canaries `text` holds, found as kvcanary's detector finds them:
+    verbatim, normalised or by a run of their words (the recall model copies noisily)."""
+    index = CanaryIndex(MINTER)
+    index.add_many((span.text, Owner("tenant", "request")) for span in built.canaries)
+    return len({hit.canary for hit in index.scan(text) if hit.owner is not None})
 
 
 @asynccontextmanager
@@ -94,9 +98,9 @@ async def test_vulnerable_answers_an_over_pool_prompt_with_other_tenants_canarie
         assert r.status_code == 200
         body = r.json()
         text = body["choices"][0]["text"]
-        assert body["usage"]["prompt_tokens"] == 1  # prefill served the placeholder
+        assert body["usage"]["prompt_tokens"] == 900  # decode's count, as SGLang's routers relay
         assert body["usage"]["completion_tokens"] == 96
-        assert sum(canaries_in(text, v) for v in victims) >= 2
+        assert sum(canaries_in(text, v) for v in victims) >= 1
         assert canaries_in(text, attacker) == 0  # its own prompt was never prefilled
         await assert_drained(client)
         metrics = (await client.get("/metrics")).text
@@ -126,8 +130,34 @@ async def test_the_leak_streams_too_as_valid_sse() -> None:
     assert sum(canaries_in(text, v) for v in victims) >= 1
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"]["prompt_tokens"] == 1
+    assert chunks[-1]["usage"]["prompt_tokens"] > 900  # the rendered chat prompt, decode's count
     assert chunks[-1]["usage"]["completion_tokens"] == 64
+
+
+async def test_prefill_queried_directly_reports_the_placeholders_one_token() -> None:
+    """What the router drops: prefill's own answer to an over-pool prompt (SGLang #33507)."""
+    app = build_app(make_config("vulnerable", context_length=CONTEXT))
+    async with app.router.lifespan_context(app):
+        balancer = app.state.balancer
+        prefill, decode = balancer.prefills[0].client, balancer.decodes[0].client
+        body = {"prompt": prompt(0, 900).text, "max_tokens": 8, "bootstrap_room": 12345}
+        answers = await asyncio.gather(
+            prefill.post("/v1/completions", json=body, timeout=120),
+            decode.post("/v1/completions", json=body, timeout=120),
+        )
+    prefill_answer, decode_answer = (r.json() for r in answers)
+    assert [r.status_code for r in answers] == [200, 200]
+    assert prefill_answer["usage"]["prompt_tokens"] == 1
+    assert decode_answer["usage"]["prompt_tokens"] == 900
+
+
+async def test_a_merging_gateway_shows_the_client_prefills_count() -> None:
+    async with engine(merge_prefill_usage=True) as client:
+        r = await complete(client, prompt(0, 900), 0, 8)
+        assert r.status_code == 200
+        assert r.json()["usage"]["prompt_tokens"] == 1
+        assert r.json()["usage"]["completion_tokens"] == 8
+        await assert_drained(client)
 
 
 async def test_hardened_serves_the_prompt_honestly_and_refuses_over_context_with_400() -> None:
@@ -164,6 +194,27 @@ async def test_admission_retire_turns_the_over_pool_leak_into_an_error() -> None
         assert error["object"] == "error"
         assert error["code"] == r.status_code
         assert sum(canaries_in(r.text, v) for v in victims) == 0
+        await assert_drained(client)
+
+
+async def test_coverage_check_answers_400_which_a_router_does_not_retry() -> None:
+    async with engine(fixes=("coverage_check",)) as client:
+        r = await complete(client, prompt(0, 900), 0, 8)
+        assert r.status_code == 400
+        assert "KV coverage mismatch" in r.json()["message"]
+        await assert_drained(client)
+
+
+async def test_patched_keeps_the_incident_pools_and_refuses_over_pool_prompts() -> None:
+    async with engine("patched") as client:
+        info = (await client.get("/get_server_info")).json()
+        assert info["prefill"][0]["max_total_num_tokens"] == 656  # still below the context
+        victims = await run_victims(client)
+        for stream in (False, True):
+            r = await complete(client, prompt(0, 900, request=int(stream)), 0, 96, stream=stream)
+            assert r.status_code == 400
+            assert r.json()["type"] == "BadRequestError"
+            assert sum(canaries_in(r.text, v) for v in victims) == 0
         await assert_drained(client)
 
 
@@ -230,9 +281,9 @@ def test_separate_processes_leak_over_tcp_and_drain_after_a_disconnect() -> None
             body = {"prompt": prompt(0, 900).text, "max_tokens": 96}
             r = client.post("/v1/completions", json=body, headers=auth(0))
         assert r.status_code == 200
-        assert r.json()["usage"]["prompt_tokens"] == 1
+        assert r.json()["usage"]["prompt_tokens"] == 900
         text = r.json()["choices"][0]["text"]
-        assert sum(canaries_in(text, v) for v in victims) >= 2
+        assert sum(canaries_in(text, v) for v in victims) >= 1
         held = disconnect_mid_stream(handle)
         assert held["decode"] > 0
         assert handle.wait_drained(timeout_s=30)["decode"][0]["num_allocated_pages"] == 0

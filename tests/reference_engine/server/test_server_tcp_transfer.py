@@ -16,14 +16,14 @@ from reference_engine.interfaces import (
     TransferMetadata,
     TransferStatus,
 )
-from reference_engine.server.tcp_transfer import (
+from reference_engine.server.tcp_frames import (
     Frame,
-    TcpTransfer,
     decode_bootstrap,
     decode_status,
     encode_bootstrap,
     encode_status,
 )
+from reference_engine.server.tcp_transfer import TcpTransfer
 from reference_engine.transfer import InProcessTransfer
 
 PAGE_BYTES = 8
