@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -201,6 +202,10 @@ class ProcessCluster:
         self.url = url_of(self._router_sock)
         self._inherit = inherit_output
         self._log_dir = log_dir
+        self._own_log_dir: Path | None = None
+        """A temporary log directory this cluster made: removed on a clean stop, kept (and
+        named in the error) when a child failed."""
+        self._failed = False
         self.children: list[_Child] = []
         self.bootstrap_port = 0
         """The prefill's KV bootstrap port (what `--prefill URL PORT` names to SGLang's router)."""
@@ -210,7 +215,11 @@ class ProcessCluster:
 
         log: IO[bytes] | None = None
         if not self._inherit:
-            log_dir = self._log_dir or Path(tempfile.mkdtemp(prefix="kvcanary-engine-"))
+            log_dir = self._log_dir
+            if log_dir is None:
+                if self._own_log_dir is None:
+                    self._own_log_dir = Path(tempfile.mkdtemp(prefix="kvcanary-engine-"))
+                log_dir = self._own_log_dir
             log = (log_dir / f"{role}.log").open("wb")
         command = [
             sys.executable, "-m", "reference_engine.server.worker", role,
@@ -244,6 +253,7 @@ class ProcessCluster:
                 sock.close()  # the children hold them now
             self._wait_healthy()
         except BaseException:
+            self._failed = True
             self.stop()
             raise
 
@@ -265,6 +275,7 @@ class ProcessCluster:
         for child in self.children:
             status = child.process.poll()
             if status is not None:
+                self._failed = True
                 raise RuntimeError(
                     f"the {child.role} process exited with status {status}{self._tail(child)}"
                 )
@@ -293,6 +304,9 @@ class ProcessCluster:
                 child.log.close()
         with contextlib.suppress(OSError):
             self._router_sock.close()
+        if self._own_log_dir is not None and not self._failed:
+            shutil.rmtree(self._own_log_dir, ignore_errors=True)
+            self._own_log_dir = None
 
 
 @contextlib.contextmanager

@@ -105,10 +105,10 @@ async def run_schedule(tokenizer: Tokenizer, preset: str, seed: int, num_request
 
 @pytest.mark.parametrize("seed", [1, 2])
 async def test_hardened_never_leaks_and_always_drains(tokenizer: Tokenizer, seed: int) -> None:
-    tally = await run_schedule(tokenizer, "hardened", seed, num_requests=1000)
+    tally = await run_schedule(tokenizer, "hardened", seed, num_requests=500)
     assert tally.num_leaks == 0
-    assert tally.num_ok > 500
-    assert tally.num_errors > 50  # the over-limit sizes were really tried
+    assert tally.num_ok > 250
+    assert tally.num_errors > 25  # the over-limit sizes were really tried
 
 
 async def test_the_same_schedules_leak_on_the_vulnerable_preset(tokenizer: Tokenizer) -> None:
