@@ -287,7 +287,8 @@ def main() -> None:
         print(f"| {phase} | {p:,.0f} | {c:,.0f} | {p / c:.2f} |")
 
     num_positions = 20_000 if args.quick else args.recall_positions
-    recall_config = EngineConfig.from_preset("vulnerable", context_length=4096)
+    # exact recall is measured with exact copying (the default copy_noise garbles on purpose)
+    recall_config = EngineConfig.from_preset("vulnerable", context_length=4096, copy_noise=0.0)
     rec = recall_exactness(recall_config, num_positions, 62 if args.quick else 254)
     print("\n## recall exactness\n")
     print("| positions | queries | exact | write s | read s/query |\n|---|---|---|---|---|")
