@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from reference_engine.config import FREE_ORDERS
+from reference_engine.invariants import InvariantViolation
 
 RESERVED_PAGE = 0
 
@@ -55,12 +56,14 @@ class PageAllocator:
 
     def allocate(self, num_pages: int, owner: str) -> list[int]:
         """Hand out `num_pages` pages to `owner`; each page's generation is bumped."""
-        assert self.can_allocate(num_pages), f"{owner}: {num_pages} pages > {self.num_free_pages}"
+        if not self.can_allocate(num_pages):
+            raise InvariantViolation(f"{owner}: {num_pages} pages > {self.num_free_pages}")
         if num_pages > len(self.free_page_ids):
             self._merge_and_sort_free()
         page_ids = [self.free_page_ids.popleft() for _ in range(num_pages)]
         for page_id in page_ids:
-            assert self.owners[page_id] is None, f"page {page_id} handed out twice"
+            if self.owners[page_id] is not None:
+                raise InvariantViolation(f"page {page_id} handed out twice")
             self.owners[page_id] = owner
             self.generations[page_id] += 1
         return page_ids
@@ -69,10 +72,12 @@ class PageAllocator:
         """Return `owner`'s pages; freeing a page one does not own is a bug."""
         page_ids = list(page_ids)
         for page_id in page_ids:
-            assert page_id != RESERVED_PAGE, "the reserved page is never freed"
-            assert self.owners[page_id] == owner, (
-                f"page {page_id} freed by {owner}, owned by {self.owners[page_id]}"
-            )
+            if page_id == RESERVED_PAGE:
+                raise InvariantViolation("the reserved page is never freed")
+            if self.owners[page_id] != owner:
+                raise InvariantViolation(
+                    f"page {page_id} freed by {owner}, owned by {self.owners[page_id]}"
+                )
             self.owners[page_id] = None
         if self.free_order == "lifo":
             self.free_page_ids.extendleft(reversed(page_ids))
@@ -83,9 +88,10 @@ class PageAllocator:
         """Hand `owner`'s pages to `new_owner` as they are (the prefix cache adopting a
         finished request's pages): no generation bump, since the KV in them stays valid."""
         for page_id in page_ids:
-            assert self.owners[page_id] == owner, (
-                f"page {page_id} handed over by {owner}, owned by {self.owners[page_id]}"
-            )
+            if self.owners[page_id] != owner:
+                raise InvariantViolation(
+                    f"page {page_id} handed over by {owner}, owned by {self.owners[page_id]}"
+                )
             self.owners[page_id] = new_owner
 
     def owned_pages(self, owner: str) -> list[int]:
@@ -94,12 +100,16 @@ class PageAllocator:
     def check_consistent(self) -> None:
         """Every usable page is either free exactly once or owned exactly once."""
         free = [*self.free_page_ids, *self.release_page_ids]
-        assert len(free) == len(set(free)), "a page is free twice"
-        assert RESERVED_PAGE not in free, "the reserved page is in the free list"
+        if len(free) != len(set(free)):
+            raise InvariantViolation("a page is free twice")
+        if RESERVED_PAGE in free:
+            raise InvariantViolation("the reserved page is in the free list")
         for page_id in free:
-            assert self.owners[page_id] is None, f"free page {page_id} has an owner"
+            if self.owners[page_id] is not None:
+                raise InvariantViolation(f"free page {page_id} has an owner")
         num_owned = sum(owner is not None for owner in self.owners)
-        assert num_owned + len(free) == self.num_usable_pages, "a page is neither free nor owned"
+        if num_owned + len(free) != self.num_usable_pages:
+            raise InvariantViolation("a page is neither free nor owned")
 
     def _merge_and_sort_free(self) -> None:
         merged = sorted([*self.free_page_ids, *self.release_page_ids])

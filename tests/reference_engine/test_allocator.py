@@ -7,6 +7,7 @@ import random
 import pytest
 
 from reference_engine.allocator import PageAllocator
+from reference_engine.invariants import InvariantViolation
 
 
 def test_page_zero_is_never_handed_out() -> None:
@@ -47,7 +48,7 @@ def test_generation_is_bumped_on_every_reallocation() -> None:
 def test_freeing_a_page_one_does_not_own_is_a_bug() -> None:
     allocator = PageAllocator(4, "lifo")
     pages = allocator.allocate(2, "a")
-    with pytest.raises(AssertionError, match="owned by a"):
+    with pytest.raises(InvariantViolation, match="owned by a"):
         allocator.free(pages, "b")
 
 
@@ -55,7 +56,7 @@ def test_over_allocation_is_refused() -> None:
     allocator = PageAllocator(4, "sorted")
     assert allocator.can_allocate(3)
     assert not allocator.can_allocate(4)
-    with pytest.raises(AssertionError):
+    with pytest.raises(InvariantViolation):
         allocator.allocate(4, "a")
 
 
