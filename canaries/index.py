@@ -4,7 +4,8 @@
 `StreamScanner` for one response. Chunks go in as they arrive; hits come out with offsets
 into the whole response text, each exactly once, however the chunks split it.
 
-Layers, all run on the folded text (`canaries.normalize.fold`):
+Layers, all run on each reading of the folded text (`canaries.normalize.fold_readings`:
+invisible characters deleted, and, where the text holds any, as spaces):
 
 - exact / normalized: every occurrence of the tag `ydk` as a word (`str.find`), followed
   by six-letter words. If the first `num_words` are canary words it is a canary: live ->
@@ -14,28 +15,23 @@ Layers, all run on the folded text (`canaries.normalize.fold`):
   another run) is unknown origin too. "exact" when the response holds the canonical
   text verbatim, "normalized" when it was disguised (case, separators, zero-width or
   compatibility characters).
-- fragment: a run of `fragment_words` (k) consecutive words of a live canary without its
-  tag, separated by single non-alphanumeric characters. Every canary word has six
-  letters, so after mapping letters to `a` a candidate is the fixed string
-  " aaaaaa aaaaaa ... " (`str.find` again), checked against a dict of live k-grams.
-  Overlapping k-grams of one canary merge into one hit; fragments inside a tag hit are
-  not reported twice.
+- fragment: a run of at least k consecutive words of a live canary, with or without its
+  tag, from any position of the canary, separated by single non-alphanumeric characters.
+  Every canary word has six letters, so after mapping letters to `a` a candidate is the
+  fixed string " aaaaaa aaaaaa ... " (`str.find` again), checked against a dict of live
+  k-grams (k = `fragment_words`, the shortest length the bound allows anywhere).
+  Overlapping k-grams of one canary merge into one hit, which must then be as long as
+  `canaries.fragments.FragmentRule` requires where it starts: 5 words of a 6-word canary
+  in a response's first characters (413 of them with 2**20 live canaries, far more with
+  fewer), 6 beyond, for at most 1e-9 benign hits per response up to `max_response_chars`
+  (1 MiB, the harness's per-response bound) with up to `max_live` (2**20) live canaries.
+  An index holding more than max_live canaries refuses more (CanaryError) rather than
+  silently weaken the bound.
 
-Fragment false positives. The words of a canary are pseudorandom, independent of any
-benign text, so a benign k-word window equals a given window of a given live canary with
-probability at most p(k) = max(r, 1 + r/B) * B**-k, where B = 3,480 words and
-r = B**w / 2**D in [1, 4) corrects for the cipher's D-bit range not filling all B**w
-spellings (p(w) = 2**-D exactly). Over a response of L characters (at most L/7 word
-starts, a canary word and its separator take 7) and V live canaries of w words:
-
-    P(any benign fragment hit per response) <= (L / 7) * V * (w - k + 1) * p(k)
-
-and k is the smallest value that keeps this at or below 1e-9 for the index's design
-limits, V <= max_live = 2**20 and L <= max_response_chars = 2**22 (4 MiB). That gives
-k = 6 for w = 6 or 7 (6 words: all six, 5.3e-10), k = 7 for w = 8..10. Longer canaries
-thus tolerate more lost words (3 of 10 at w = 10, plus the tag). An index holding more
-than max_live canaries refuses more (CanaryError) rather than silently weaken the bound;
-a response longer than max_response_chars gets the bound per max_response_chars.
+Where matches overlap, one wins: a tag match that resolves (live or decrypting) beats a
+fragment, which beats a tag match of unknown origin. So a foreign fragment after a stray
+tag (`ydk settle <6 words of tenant B's canary>`) is B's fragment, not an unknown canary,
+and the same canary found in both readings is one hit.
 
 Speed: for ASCII text, a scan is two `str.translate` and two `str.find` passes, so it does
 not depend on the number of live canaries; lookups happen only at candidates. Memory is
@@ -48,23 +44,21 @@ be missed.
 
 from __future__ import annotations
 
-import math
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from canaries.errors import CanaryError
+from canaries.fragments import MAX_LIVE, MAX_RESPONSE_CHARS, FragmentRule, fragment_rule
+from canaries.fragments import min_fragment_words as min_fragment_words
 from canaries.hit import Hit, Layer, Owner, Relation, classify
 from canaries.mint import CanaryMinter, CanaryOrigin
-from canaries.normalize import fold
-from canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, WORDS, canonical
+from canaries.normalize import fold_readings
+from canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, canonical
 
 __all__ = ["CanaryIndex", "Hit", "Owner", "Relation", "StreamScanner", "classify"]
 
-FALSE_POSITIVE_RATE = 1e-9
-MAX_LIVE = 1 << 20
-MAX_RESPONSE_CHARS = 1 << 22
 HOLDBACK = 512
 MAX_MATCH = 512
 CONTEXT = 16
@@ -78,30 +72,6 @@ _CANONICAL = {
     w: re.compile(rf"{TAG}(?: [a-z]{{{WORD_LENGTH}}}){{{w}}}")
     for w in range(MIN_WORDS, MAX_WORDS + 1)
 }
-
-
-def min_fragment_words(
-    minter: CanaryMinter,
-    *,
-    max_live: int = MAX_LIVE,
-    max_response_chars: int = MAX_RESPONSE_CHARS,
-    false_positive_rate: float = FALSE_POSITIVE_RATE,
-) -> int | None:
-    """The shortest fragment (in words) that keeps benign hits below the rate, or None
-    when even a whole tagless canary would not (see the module docstring)."""
-    num_words, base = minter.num_words, len(WORDS)
-    log_r = num_words * math.log2(base) - minter.num_bits
-    positions = max_response_chars / (WORD_LENGTH + 1)
-    for k in range(1, num_words + 1):
-        log_p = (
-            -minter.num_bits
-            if k == num_words
-            else max(log_r, math.log2(1 + 2**log_r / base)) - k * math.log2(base)
-        )
-        log_bound = math.log2(positions * max_live * (num_words - k + 1)) + log_p
-        if log_bound <= math.log2(false_positive_rate):
-            return k
-    return None
 
 
 class CanaryIndex:
@@ -118,9 +88,15 @@ class CanaryIndex:
         self.minter = minter
         self.owner_of = owner_of
         self.max_live = max_live
-        self.fragment_words = min_fragment_words(
+        self.fragment_rule: FragmentRule | None = fragment_rule(
             minter, max_live=max_live, max_response_chars=max_response_chars
         )
+        """Fragment lengths by position; None when no fragment is long enough."""
+        self.fragment_words: int | None = (
+            None if self.fragment_rule is None else self.fragment_rule.near_words
+        )
+        """The shortest fragment accepted anywhere (at the start of a response)."""
+        self._peak_live = 0  # the most canaries live at once: the V of the near zone
         self._live: dict[str, Owner] = {}
         # k words -> the canary they open, or (canary, word offset) when they start later
         self._fragments: dict[str, str | tuple[str, int]] = {}
@@ -154,6 +130,7 @@ class CanaryIndex:
                     f"max_live (which lengthens the minimum fragment)"
                 )
             self._live[canary] = owner
+            self._peak_live = max(self._peak_live, len(self._live))
             if k is not None:
                 self._fragments[" ".join(words[:k])] = canary  # no tuple: saves memory
                 for offset in range(1, num_words - k + 1):
@@ -170,6 +147,12 @@ class CanaryIndex:
             if _fragment_entry(self._fragments.get(key))[0] == canary:
                 del self._fragments[key]
 
+    def fragment_words_at(self, offset: int) -> int | None:
+        """The fragment length required at response `offset` now (None: no fragments)."""
+        if self.fragment_rule is None:
+            return None
+        return self.fragment_rule.words_at(offset, self._peak_live)
+
     def scanner(self, *, scan_block: int = SCAN_BLOCK) -> StreamScanner:
         """A scanner for one response. It scans once `scan_block` new characters have
         arrived: smaller blocks report hits sooner, larger ones scan faster."""
@@ -183,20 +166,23 @@ class CanaryIndex:
     def _find(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
         """Hits in `buffer` (whose first character is at absolute offset `base`) that end
         in (after, until], absolute offsets."""
-        folded = fold(buffer)
-        tags = self._tag_matches(folded.text)
-        fragments = self._fragment_matches(folded.text, tags)
-        found: list[tuple[int, int, _Match]] = []
-        for match in tags + fragments:
-            start, end = folded.original_span(match.start, match.end)
-            if after < base + end <= until:
-                found.append((start, end, match))
-        if not found:
+        candidates: list[tuple[int, int, _Match]] = []
+        for folded in fold_readings(buffer):
+            tags = self._tag_matches(folded.text)
+            fragments = _outside_live_tags(self._fragment_matches(folded.text), tags, self._live)
+            for match in tags + fragments:
+                start, end = folded.original_span(match.start, match.end)
+                if match.layer == "fragment" and match.num_words < self._words_at(base + start):
+                    continue
+                candidates.append((start, end, match))
+        if not candidates:
             return []
-        complete = [m.canary for _, _, m in found if m.complete]
+        complete = list({m.canary: None for _, _, m in candidates if m.complete})
         origins = dict(zip(complete, self.minter.attribute_canonical(complete), strict=True))
         hits = []
-        for start, end, match in sorted(found, key=lambda item: item[:2]):
+        for start, end, match in _winners(candidates, origins, self._live):
+            if not after < base + end <= until:
+                continue
             text = buffer[start:end]
             origin = origins.get(match.canary)
             owner = self._live.get(match.canary)
@@ -207,6 +193,11 @@ class CanaryIndex:
                 layer = "exact"
             hits.append(Hit(text, base + start, base + end, layer, match.canary, origin, owner))
         return hits
+
+    def _words_at(self, offset: int) -> int:
+        rule = self.fragment_rule
+        assert rule is not None, "fragment matches without a fragment rule"
+        return rule.words_at(offset, self._peak_live)
 
     def _tag_matches(self, folded: str) -> list[_Match]:
         matches = []
@@ -237,37 +228,95 @@ class CanaryIndex:
             for word in words[:num_used]:
                 end = folded.index(word, end) + WORD_LENGTH
         canary = " ".join([TAG, *words[:num_used]])
-        return _Match(position, end, "normalized", canary, num_used == num_words)
+        return _Match(position, end, "normalized", canary, num_used == num_words, num_used)
 
-    def _fragment_matches(self, folded: str, tags: list[_Match]) -> list[_Match]:
+    def _fragment_matches(self, folded: str) -> list[_Match]:
         k = self.fragment_words
         if k is None or not self._fragments:
             return []
         shape = folded.translate(_SHAPE_TABLE)
         pattern = " " + " ".join(["a" * WORD_LENGTH] * k) + " "
         stride, width = WORD_LENGTH + 1, len(pattern) - 2
-        groups: list[tuple[int, int, str, int]] = []  # start, end, canary, last word offset
+        groups: list[tuple[int, int, str, int, int]] = []  # start, end, canary, offsets
         position = shape.find(pattern)
         while position >= 0:
             start = position + 1
             canary, offset = _fragment_entry(self._fragments.get(folded[start : start + width]))
             if canary:
-                if groups and groups[-1][1:] == (start + width - stride, canary, offset - 1):
-                    groups[-1] = (groups[-1][0], start + width, canary, offset)  # next k-gram
+                last = groups[-1] if groups else None
+                if (
+                    last is not None
+                    and last[1:3] == (start + width - stride, canary)
+                    and (last[4] == offset - 1)
+                ):
+                    groups[-1] = (last[0], start + width, canary, last[3], offset)  # next k-gram
                 else:
-                    groups.append((start, start + width, canary, offset))
+                    groups.append((start, start + width, canary, offset, offset))
             position = shape.find(pattern, position + stride)
-        tag_starts = [t.start for t in tags]  # in order; tag matches never overlap
-
-        def inside_a_tag_match(start: int, end: int) -> bool:
-            last = bisect_left(tag_starts, end) - 1  # the last tag match starting before end
-            return last >= 0 and tags[last].end > start
-
         return [
-            _Match(start, end, "fragment", canary, True)
-            for start, end, canary, _ in groups
-            if not inside_a_tag_match(start, end)
+            _Match(start, end, "fragment", canary, True, k + last - first)
+            for start, end, canary, first, last in groups
         ]
+
+
+def _outside_live_tags(
+    fragments: list[_Match], tags: list[_Match], live: dict[str, Owner]
+) -> list[_Match]:
+    """The fragments that overlap no tag match of a live canary (which would win anyway:
+    dropping them here saves resolving them, in the common case of an echoed canary)."""
+    if not fragments:
+        return fragments
+    live_tags = [t for t in tags if t.canary in live]  # in order; tag matches never overlap
+    starts = [t.start for t in live_tags]
+
+    def overlaps_a_live_tag(fragment: _Match) -> bool:
+        last = bisect_left(starts, fragment.end) - 1  # the last live tag starting before end
+        return last >= 0 and live_tags[last].end > fragment.start
+
+    return [f for f in fragments if not overlaps_a_live_tag(f)]
+
+
+def _winners(
+    candidates: list[tuple[int, int, _Match]],
+    origins: dict[str, CanaryOrigin | None],
+    live: dict[str, Owner],
+) -> list[tuple[int, int, _Match]]:
+    """Candidates that overlap no better one, in text order. Better: a tag match that
+    resolves (live or decrypting), then a fragment, then a tag match of unknown origin;
+    between equals, the longer, then the earlier. Overlaps are local, so candidates are
+    resolved per cluster of overlapping spans (one sort, then small clusters)."""
+
+    def rank(item: tuple[int, int, _Match]) -> tuple[int, int, int]:
+        start, end, match = item
+        if match.layer == "fragment":
+            tier = 1
+        elif match.canary in live or origins.get(match.canary) is not None:
+            tier = 0
+        else:
+            tier = 2
+        return tier, start - end, start
+
+    def resolve(cluster: list[tuple[int, int, _Match]]) -> list[tuple[int, int, _Match]]:
+        if len(cluster) == 1:
+            return cluster
+        if len(cluster) == 2:  # the common case: a tag match and the fragment inside it
+            return [min(cluster, key=rank)]  # members of a cluster of two overlap
+        chosen: list[tuple[int, int, _Match]] = []
+        for item in sorted(cluster, key=rank):
+            if all(item[1] <= other[0] or other[1] <= item[0] for other in chosen):
+                chosen.append(item)
+        return sorted(chosen, key=lambda item: item[0])
+
+    kept: list[tuple[int, int, _Match]] = []
+    cluster: list[tuple[int, int, _Match]] = []
+    cluster_end = 0
+    for item in sorted(candidates, key=lambda item: item[:2]):
+        if cluster and item[0] >= cluster_end:
+            kept += resolve(cluster)
+            cluster = []
+        cluster_end = max(cluster_end, item[1]) if cluster else item[1]
+        cluster.append(item)
+    return kept + resolve(cluster) if cluster else kept
 
 
 def _fragment_entry(entry: str | tuple[str, int] | None) -> tuple[str, int]:
@@ -279,13 +328,15 @@ def _fragment_entry(entry: str | tuple[str, int] | None) -> tuple[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class _Match:
-    """A candidate in folded coordinates; `complete` when `canary` has num_words words."""
+    """A candidate in folded coordinates; `complete` when `canary` has num_words words
+    (always, for a fragment); `num_words` of them were matched (a fragment's length)."""
 
     start: int
     end: int
     layer: Layer
     canary: str
     complete: bool
+    num_words: int
 
 
 class StreamScanner:

@@ -6,8 +6,12 @@
   underscores, punctuation, controls) to a space;
 - other characters through Unicode compatibility decomposition (NFKD, which covers
   NFKC's compatibility mappings) and lower-casing, so full-width `ｙｄｋ`, styled letters
-  and accented `ýdk` become `ydk`, then the same rule; zero-width and other format
-  characters (Cf) and combining marks (Mn, Me) are deleted, so `y`, U+200B, `dk` folds to `ydk`.
+  and accented `ýdk` become `ydk`, then the same rule; combining marks (Mn, Me) are
+  deleted; tokenizer markers for whitespace read as spaces: SentencePiece `▁` (U+2581) and
+  byte-level BPE `Ġ` (U+0120, a space), `Ċ` (U+010A, a newline) and `ĉ` (U+0109, a tab);
+- invisible (format, Cf) characters such as U+200B, U+2060, U+00AD and U+FEFF have two
+  readings, and `fold_readings` gives both: deleted (`y`, U+200B, `dk` folds to `ydk`) and
+  as a space (`settle`, U+200B, `bishop` folds to `settle bishop`). `fold` is the first.
 
 Spaces are not collapsed: folded ASCII text has exactly the length of the original, so
 offsets carry over unchanged (the fast path, one `str.translate`). Text with non-ASCII
@@ -28,6 +32,8 @@ from dataclasses import dataclass
 
 _KEEP = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
 _DELETED = frozenset(("Cf", "Mn", "Me"))
+_INVISIBLE = "Cf"
+_WHITESPACE_MARKERS = frozenset("\u2581\u0120\u010a\u0109")  # ▁ Ġ Ċ ĉ
 _DELETE, _EXPAND = "\x00", "\x01"  # markers in the one-character table below
 
 
@@ -40,9 +46,14 @@ _ASCII_TABLE = str.maketrans({code: _fold_ascii(code) for code in range(128)})
 _ASCII_BYTES_TABLE = bytes(ord(_fold_ascii(code)) if code < 128 else code for code in range(256))
 
 
-def _fold_char(char: str) -> str:
+def _fold_char(char: str, *, invisible_as_space: bool = False) -> str:
     """The folding of one non-ASCII character: "", one character, or several."""
-    if unicodedata.category(char) in _DELETED:
+    if char in _WHITESPACE_MARKERS:
+        return " "
+    category = unicodedata.category(char)
+    if category == _INVISIBLE and invisible_as_space:
+        return " "
+    if category in _DELETED:
         return ""
     out = [
         c if c in _KEEP else ("" if unicodedata.category(c) in _DELETED else " ")
@@ -56,12 +67,13 @@ class _OneCharTable(dict[int, str]):
     """str.translate table: each non-ASCII character to its one-character folding, or to
     a marker when it folds to nothing or to several characters (kept in `expansions`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, invisible_as_space: bool = False) -> None:
         super().__init__()
         self.expansions: dict[int, str] = {}
+        self.invisible_as_space = invisible_as_space
 
     def __missing__(self, code: int) -> str:
-        folded = _fold_char(chr(code))
+        folded = _fold_char(chr(code), invisible_as_space=self.invisible_as_space)
         if len(folded) == 1:
             value = folded
         elif folded:
@@ -74,6 +86,7 @@ class _OneCharTable(dict[int, str]):
 
 
 _NON_ASCII_TABLE = _OneCharTable()
+_SPACED_TABLE = _OneCharTable(invisible_as_space=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +116,8 @@ class _FoldState(threading.local):
     """What the encoder's error handler records while one `fold` call runs (per thread)."""
 
     active = False
+    table = _NON_ASCII_TABLE
+    saw_invisible = False  # a run held a character the other reading folds differently
     delta = 0  # folded offset minus original offset, after the runs seen so far
     folded_starts: list[int]
     original_starts: list[int]
@@ -121,18 +136,21 @@ def _fold_run(error: UnicodeError) -> tuple[str, int]:
     """
     if not isinstance(error, UnicodeEncodeError) or not _STATE.active:
         raise error
+    state = _STATE
+    table = state.table
     run = error.object[error.start : error.end]
-    folded = run.translate(_NON_ASCII_TABLE)
+    folded = run.translate(table)
+    if table is _NON_ASCII_TABLE and not state.saw_invisible and _DELETE in folded:
+        state.saw_invisible = any(unicodedata.category(c) == _INVISIBLE for c in run)
     if _DELETE not in folded and _EXPAND not in folded:
         return folded, error.end
-    state = _STATE
     pieces = []
     for offset, char in enumerate(folded):
         original = error.start + offset
         if char == _DELETE:
             state.delta -= 1
             continue
-        piece = _NON_ASCII_TABLE.expansions[ord(run[offset])] if char == _EXPAND else char
+        piece = table.expansions[ord(run[offset])] if char == _EXPAND else char
         state.folded_starts.append(original + state.delta)
         state.original_starts.append(original)
         state.collapsed.append(len(piece) > 1)
@@ -149,19 +167,32 @@ codecs.register_error("kvcanary-fold", _fold_run)
 
 
 def fold(text: str) -> Folded:
-    """`text` folded to `[a-z0-9 ]` (see the module docstring)."""
+    """`text` folded to `[a-z0-9 ]`, invisible characters deleted (the module docstring)."""
+    return _fold(text, _NON_ASCII_TABLE)[0]
+
+
+def fold_readings(text: str) -> tuple[Folded, ...]:
+    """Both readings of `text`: invisible characters deleted, then (only when `text` holds
+    any) invisible characters as spaces."""
+    deleted, saw_invisible = _fold(text, _NON_ASCII_TABLE)
+    if not saw_invisible:
+        return (deleted,)
+    return deleted, _fold(text, _SPACED_TABLE)[0]
+
+
+def _fold(text: str, table: _OneCharTable) -> tuple[Folded, bool]:
     if text.isascii():
-        return Folded(text.translate(_ASCII_TABLE))
+        return Folded(text.translate(_ASCII_TABLE)), False
     state = _STATE
-    state.active, state.delta = True, 0
+    state.active, state.delta, state.table, state.saw_invisible = True, 0, table, False
     state.folded_starts, state.original_starts, state.collapsed = [0], [0], [False]
     try:
         encoded = text.encode("ascii", "kvcanary-fold")
     finally:
         state.active = False
     folded = encoded.translate(_ASCII_BYTES_TABLE).decode("ascii")
+    saw_invisible = state.saw_invisible
     if len(state.folded_starts) == 1:  # every run folded one to one: offsets carry over
-        return Folded(folded)
-    return Folded(
-        folded, tuple(state.folded_starts), tuple(state.original_starts), tuple(state.collapsed)
-    )
+        return Folded(folded), saw_invisible
+    starts = tuple(state.folded_starts), tuple(state.original_starts), tuple(state.collapsed)
+    return Folded(folded, *starts), saw_invisible

@@ -24,7 +24,8 @@ KIND_MEANINGS: dict[str, str] = {
     "the leak itself",
     FindingKind.CROSS_REQUEST_CANARY: "a response contains a canary of the same tenant's "
     "other request",
-    FindingKind.UNKNOWN_CANARY: "a canary-shaped marker this run never minted",
+    FindingKind.UNKNOWN_CANARY: "a canary-shaped marker no prompt of this run explains (another "
+    "run's canary, not an echo of the request's own prompt): a leak of unknown origin",
     FindingKind.UNSAFE_ACCEPT: "a request above the pool or context limit got a success status "
     "instead of an error",
     FindingKind.FAST_PREFILL: "TTFT far below what the prompt's length requires: "

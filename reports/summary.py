@@ -121,7 +121,8 @@ def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list
     if num_findings:
         by_kind = frames.findings["kind"].astype(str).value_counts()
         kinds = ", ".join(
-            f"{num} {kind}" for kind, num in sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0]))
+            _kind_count(str(kind), int(num))
+            for kind, num in sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0]))
         )
         leak = [f"{num_findings} finding(s): {kinds}"]
         return Verdict.LEAK, [*leak, *_unhealthy_reason(frames)]
@@ -143,6 +144,12 @@ def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list
         f"{evidence['num_above_limit_answered']} above-limit request(s) answered, "
         f"{evidence['num_victims_accepted']} victim request(s) accepted"
     ]
+
+
+def _kind_count(kind: str, num: int) -> str:
+    """`2 cross_tenant_canary (a leak from another tenant)`: what each leak kind means."""
+    meaning = FindingKind(kind).leak if kind in FindingKind.__members__.values() else None
+    return f"{num} {kind}" + (f" ({meaning})" if meaning else "")
 
 
 def _target_unhealthy(frames: RunFrames) -> dict[str, Any] | None:

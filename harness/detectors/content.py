@@ -7,10 +7,12 @@ classified against the request that received the response:
 
 | relation | finding | severity |
 |---|---|---|
-| own request | none (an echo) | - |
-| same tenant, other request | `cross_request_canary` | high |
-| other tenant | `cross_tenant_canary` | critical |
-| canary-shaped, not minted by this run | `unknown_canary` | medium |
+| own request, or recombined from its own prompt | none (an echo; `own_echo`) | - |
+| same tenant, other request | `cross_request_canary`: a leak | high |
+| other tenant | `cross_tenant_canary`: a leak | critical |
+| canary-shaped, not minted, no own echo | `unknown_canary`: leak of unknown origin | medium |
+
+Each finding names the response field its first marker starts in (`feed(chunk, field)`).
 
 **Aggregation.** One finding per (response, foreign owner request): a leaked page holds
 many canaries of its owner, and one finding saying so is more useful than a hundred. The
@@ -23,14 +25,20 @@ a finding already returned; the final per-owner counts are in
 `ResponseScan.num_markers_by_owner`. Unknown-origin markers have no owner: all of a
 response's unknown markers are one finding.
 
-**Splices are echoes.** A response that quotes its prompt in excerpts (the reference
-engine quotes whole pages; a real model may skip words) can join the head of one of its own
-canaries (tag and first words) to the tail of another: canary-shaped, yet no key decodes it.
-A canary-shaped hit that splits into the tag plus a prefix of one of the request's *own*
-canaries and a suffix of one of its own canaries is an own-request echo, not an unknown
-canary. Only the request's own canaries are consulted, so a marker from another run still
-needs its first and last words to match this prompt's canaries at the same split to be
-missed (probability about num_canaries^2 * 2^-70 per split with 6 words).
+**Recombined echoes.** A response that quotes its prompt imperfectly (the reference engine
+quotes page-sized excerpts; a real model asked to repeat the text skips, reorders and splices
+pieces at token boundaries) can join words of its own canaries and filler into a
+canary-shaped marker that no key decodes. A marker of unknown origin whose words can all be
+read as a recombination of the request's *own* prompt text is an echo (`own_echo`, counted in
+`ResponseScan.own_echoes` and journaled by the runner as an `OwnEchoRecorded` event), never a
+finding. "Recombination" is as loose as a budget allows: the chance that a canary of another
+run (whose words are uniform on the word list, independent of this prompt) passes as an echo
+must stay at or below `ECHO_HIDE_BOUND` (1e-6 per marker). For a prompt with u distinct list
+words that is reached by any order, any mixture ((u/B)^w <= 1e-6: prompts up to about 600
+tokens); for longer prompts the marker must split into at most `max_pieces` contiguous runs
+of the prompt's words, the largest count that keeps the union bound over splits below the
+budget (e.g. 4 for 4,096-token prompts, 2 for 1M-token ones). A marker with a word from no
+part of this prompt is always `unknown_canary`.
 
 **Redaction.** The response text around a foreign canary may be another customer's data.
 Excerpts are a window of `context_chars` on each side of the first marker, passed through
@@ -46,11 +54,12 @@ detectors), and does not mint or index canaries (the `canaries` package).
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Iterable
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from canaries import CanaryIndex, Hit, Relation, StreamScanner, classify, redact
+from harness.detectors.own_echo import OwnText
+from harness.record.events import OwnEchoRecorded
 from harness.record.finding import Finding, FindingKind
 from harness.record.observation import Observation
 from tenants.plan import RequestPlan
@@ -63,7 +72,11 @@ _KIND_OF: dict[Relation, FindingKind] = {
     Relation.UNKNOWN: FindingKind.UNKNOWN_CANARY,
 }
 
-_WORD = re.compile(r"[a-z]+")
+DEFAULT_FIELD = "content"
+"""The field a chunk belongs to when the caller does not say (completions' `text` too)."""
+
+MAX_ECHO_MARKERS = 8
+"""Own-echo markers journaled per response (their words are all the request's own)."""
 
 OwnerKey = tuple[str, str | None, str | None]
 """(relation, owner tenant, owner request id): one finding per key per response."""
@@ -111,19 +124,35 @@ class ResponseScan:
         self._chunks: list[str] = []
         self._tallies: dict[OwnerKey, _OwnerTally] = {}
         self._finished = False
-        self._own_parts: tuple[set[tuple[str, ...]], set[tuple[str, ...]]] | None = None
+        self.own_echoes: list[Hit] = []
+        """Canary-shaped markers recombined from the request's own prompt: echoes, no finding."""
+        self._own_text: OwnText | None = None
+        self._num_chars = 0
+        self._field_starts: list[int] = []  # response offsets where a new field begins
+        self._field_names: list[str] = []
 
     @property
     def num_markers_by_owner(self) -> dict[OwnerKey, int]:
         """Foreign markers per (relation, owner tenant, owner request), counted so far."""
         return {key: tally.num_markers for key, tally in self._tallies.items()}
 
-    def feed(self, chunk: str) -> list[Finding]:
-        """Scan one streamed chunk; returns findings for foreign owners seen for the first time."""
+    def feed(self, chunk: str, field: str = DEFAULT_FIELD) -> list[Finding]:
+        """Scan one streamed chunk of the response field `field` (`content`, `reasoning`,
+        `tool_calls[0].function.arguments`, ...); returns findings for foreign owners seen
+        for the first time, each naming the field its first marker starts in."""
         assert not self._finished, "feed() after finish()"
         if chunk:
+            if not self._field_names or self._field_names[-1] != field:
+                self._field_starts.append(self._num_chars)
+                self._field_names.append(field)
             self._chunks.append(chunk)
+            self._num_chars += len(chunk)
         return self._take(self._scanner.feed(chunk))
+
+    def field_of(self, hit: Hit) -> str:
+        """The response field in which `hit` starts."""
+        at = bisect_right(self._field_starts, hit.start) - 1
+        return self._field_names[at] if at >= 0 else DEFAULT_FIELD
 
     def finish(self, observation: Observation) -> list[Finding]:
         """Flush the scanner's tail (a marker at the very end) and close the scan."""
@@ -138,9 +167,10 @@ class ResponseScan:
         new_keys: list[OwnerKey] = []
         for hit in hits:
             relation = classify(hit, tenant=self.plan.tenant, request_id=self.plan.request_id)
-            if relation is Relation.OWN or (
-                relation is Relation.UNKNOWN and hit.origin is None and self._is_own_splice(hit)
-            ):
+            if relation is Relation.OWN:
+                continue
+            if relation is Relation.UNKNOWN and self._is_own_echo(hit):
+                self.own_echoes.append(hit)
                 continue
             owner = hit.owner
             key: OwnerKey = (
@@ -155,14 +185,26 @@ class ResponseScan:
             tally.num_markers += 1
         return [self._finding(key, Relation(key[0])) for key in new_keys]
 
-    def _is_own_splice(self, hit: Hit) -> bool:
-        """Whether `hit` is the head of one own canary joined to the tail of another."""
-        words = _WORD.findall(hit.text.lower())
-        if self._own_parts is None:
-            self._own_parts = _prefixes_and_suffixes(c.text for c in self.plan.canaries)
-        prefixes, suffixes = self._own_parts
-        body = tuple(words[1:])  # words[0] is the tag
-        return any(body[:cut] in prefixes and body[cut:] in suffixes for cut in range(1, len(body)))
+    def _is_own_echo(self, hit: Hit) -> bool:
+        """Whether an unknown-origin `hit` is a recombination of the request's own prompt."""
+        if hit.origin is not None or hit.canary is None:
+            return False
+        if self._own_text is None:
+            self._own_text = OwnText(self.plan.prompt, self.plan.canaries)
+        return self._own_text.explains(hit.canary.split())
+
+    def own_echo_event(self, t_wall: float) -> OwnEchoRecorded | None:
+        """The journal event for this response's own echoes (after `finish`), or None."""
+        if not self.own_echoes:
+            return None
+        markers = tuple(h.canary or h.text for h in self.own_echoes[:MAX_ECHO_MARKERS])
+        return OwnEchoRecorded(
+            request_id=self.plan.request_id,
+            tenant=self.plan.tenant,
+            num_markers=len(self.own_echoes),
+            markers=markers,
+            t_wall=t_wall,
+        )
 
     def _finding(self, key: OwnerKey, relation: Relation) -> Finding:
         tally = self._tallies[key]
@@ -170,7 +212,10 @@ class ResponseScan:
         kind = _KIND_OF[relation]
         _, victim_tenant, victim_request = key
         plan = self.plan
+        field = self.field_of(hit)
         where = f"{hit.layer} match at chars {hit.start}-{hit.end}"
+        if field != DEFAULT_FIELD:
+            where += f", in `{field}`"
         if relation is Relation.OTHER_TENANT:
             what = f"{victim_tenant}'s canary from request {victim_request}"
         elif relation is Relation.SAME_TENANT:
@@ -181,8 +226,13 @@ class ResponseScan:
                 f"#{hit.origin.request}) whose owner is not in the index"
             )
         else:
-            what = "a canary-shaped marker this run never minted"
-        summary = f"{plan.tenant}'s response to {plan.request_id} contained {what} ({where})"
+            what = (
+                "a canary-shaped marker this run never minted, which the request's own prompt "
+                "does not explain"
+            )
+        summary = (
+            f"{plan.tenant}'s response to {plan.request_id} contained {what} ({where}): {kind.leak}"
+        )
         return Finding(
             kind=kind,
             severity=kind.severity,
@@ -198,6 +248,7 @@ class ResponseScan:
             details={
                 "relation": relation.value,
                 "layer": hit.layer,
+                "field": field,
                 "matched_text": hit.text,
                 "num_markers": tally.num_markers,
                 "owner_tenant": victim_tenant,
@@ -229,17 +280,3 @@ class ResponseScan:
 
 def _origin_record(hit: Hit) -> dict[str, int] | None:
     return None if hit.origin is None else dataclasses.asdict(hit.origin)
-
-
-def _prefixes_and_suffixes(
-    canaries: Iterable[str],
-) -> tuple[set[tuple[str, ...]], set[tuple[str, ...]]]:
-    """Every proper word prefix and suffix (tag excluded) of the given canaries."""
-    prefixes: set[tuple[str, ...]] = set()
-    suffixes: set[tuple[str, ...]] = set()
-    for canary in canaries:
-        body = tuple(_WORD.findall(canary.lower())[1:])
-        for cut in range(1, len(body)):
-            prefixes.add(body[:cut])
-            suffixes.add(body[cut:])
-    return prefixes, suffixes

@@ -29,6 +29,12 @@ class FindingKind(StrEnum):
         """The one severity of this kind, wherever a detector or the audit reports it."""
         return SEVERITY_BY_KIND[self]
 
+    @property
+    def leak(self) -> str | None:
+        """What a finding of this kind says about a leak (`LEAK_BY_KIND`), or None for the
+        kinds that show unsafe behaviour rather than leaked data."""
+        return LEAK_BY_KIND.get(self)
+
 
 class Severity(StrEnum):
     """How urgently a human should look."""
@@ -50,6 +56,17 @@ SEVERITY_BY_KIND: dict[FindingKind, Severity] = {
     FindingKind.POOL_SMALLER_THAN_CONTEXT: Severity.HIGH,
 }
 """Defined next to the kinds: a kind has one severity, whichever detector finds it."""
+
+LEAK_BY_KIND: dict[FindingKind, str] = {
+    FindingKind.CROSS_TENANT_CANARY: "a leak from another tenant",
+    FindingKind.CROSS_REQUEST_CANARY: "a leak from another request of the same tenant",
+    FindingKind.UNKNOWN_CANARY: "a leak of unknown origin",
+}
+"""The content kinds are leaks, each of an origin: another tenant's canary, the same
+tenant's other request's, or a canary-shaped marker that no prompt of this run explains
+(another run's canary, or one this run forgot; never an echo of the request's own prompt,
+which the content detector records as `own_echo` and does not report)."""
+assert LEAK_BY_KIND.keys() <= SEVERITY_BY_KIND.keys() == set(FindingKind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -323,6 +323,9 @@ class Runner:
         if obs.text and not self._keep_raw_evidence:
             obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)
         self._emit(ObservationRecorded(obs))
+        echo = scan.own_echo_event(time.time())
+        if echo is not None:
+            self._emit(echo)
         for finding in findings:
             self._emit_finding(finding)
         for event in self._health.observe(obs, time.time()):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from canaries import Hit, Owner
+from harness.record.events import OwnEchoRecorded
 from harness.record.finding import Finding
 from harness.record.observation import Observation
 from harness.record.ttft_model import TtftModel
@@ -42,6 +43,10 @@ class ResponseScan(Protocol):
     def feed(self, chunk: str) -> list[Finding]: ...
 
     def finish(self, obs: Observation) -> list[Finding]: ...
+
+    def own_echo_event(self, t_wall: float) -> OwnEchoRecorded | None:
+        """The request's own prompt quoted back in canary shape (journaled, not a finding)."""
+        ...
 
 
 class ContentScanner(Protocol):

@@ -25,6 +25,7 @@ from canaries import (
     min_fragment_words,
 )
 from canaries.index import SCAN_BLOCK
+from canaries.shape import WORD_INDEX
 
 ALICE_1, ALICE_2, BOB_1 = Owner("alice", "a-1"), Owner("alice", "a-2"), Owner("bob", "b-1")
 PROSE = (
@@ -159,7 +160,7 @@ def test_merged_fragments_and_trailing_invisibles_survive_chunking(data: st.Data
     text = PROSE + shown + invisible + tail
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=20))
     hits = scan_in_chunks(index, text, cuts, data.draw(BLOCKS))
-    if tail.startswith("."):
+    if tail.startswith(".") or invisible:  # read as a space, an invisible run separates
         assert [(h.start, h.text, h.layer) for h in hits] == [(len(PROSE), shown, "fragment")]
     else:  # the last word runs into "xyz": only a shorter fragment may remain
         assert all(h.end <= len(PROSE) + len(shown) - 7 for h in hits)
@@ -169,38 +170,71 @@ def test_merged_fragments_and_trailing_invisibles_survive_chunking(data: st.Data
 def test_fragments_shorter_than_the_minimum_are_not_hits(
     index: CanaryIndex, live: dict[str, Owner]
 ) -> None:
-    assert index.fragment_words == 6
+    assert index.fragment_words == 5  # with 60 live canaries, anywhere in a 1 MiB response
+    assert index.fragment_words_at(1 << 20) == 5
     canary = next(iter(live))
-    five_words = " ".join(canary.split()[1:6])
-    assert index.scan(f"{PROSE} {five_words}. {PROSE}") == []
-    assert index.scan(" ".join(canary.split()[:6])) == []  # tag and five words
+    four_words = " ".join(canary.split()[1:5])
+    assert index.scan(f"{PROSE} {four_words}. {PROSE}") == []
+    assert index.scan(" ".join(canary.split()[:5])) == []  # tag and four words
+
+
+def test_five_words_from_any_position_with_or_without_the_tag_are_attributed(
+    index: CanaryIndex, live: dict[str, Owner]
+) -> None:
+    canary, owner = list(live.items())[45]
+    words = canary.split()[1:]
+    assert "settle" in WORD_INDEX
+    shown = [
+        " ".join(words[:5]),  # no tag, first five
+        " ".join(words[1:]),  # no tag, last five
+        f"{TAG} " + " ".join(words[:5]),  # the tag and five words
+        words[0][2:] + " " + " ".join(words[1:]),  # lost the tag and half its first word
+        f"{TAG} settle " + " ".join(words),  # a stray tag and a list word before it
+        f"{TAG} " + " ".join(words[:5]) + " settle",  # five words, then a list word
+    ]
+    for text in shown:
+        hits = index.scan(f"{PROSE}{text}. {PROSE}")
+        assert [(h.layer, h.canary, h.owner) for h in hits] == [("fragment", canary, owner)], text
+        assert hits[0].text in text
+
+
+def test_fragment_lengths_follow_the_live_count_and_the_offset() -> None:
+    minter = CanaryMinter.from_seed(5, "rule")
+    rule = CanaryIndex(minter).fragment_rule
+    assert rule is not None
+    assert (rule.near_words, rule.far_words) == (5, 6)
+    assert [rule.near_chars(v) for v in (1 << 20, 1 << 17, 100_000)] == [413, 3318, 4354]
+    assert rule.words_at(412, 1 << 20) == 5
+    assert rule.words_at(413, 1 << 20) == 6
+    # the documented bound: far zone everywhere, near zone in the rest of the budget
+    far = 2 * (1 << 20) / 7 * (1 << 20) * 2.0**-70
+    assert 1e-10 < far < 1e-9
+    assert far + 59 * (1 << 20) * rule.near_cost <= 1e-9  # 59 word starts, 413 chars
 
 
 def test_longer_canaries_allow_fragments_that_lose_words() -> None:
     minter = CanaryMinter.from_seed(9, "long", num_words=8)
     index = CanaryIndex(minter)
-    assert index.fragment_words == 7
+    assert index.fragment_words == 5
     canary = minter.mint(3, 4, 5)
     index.add(canary, ALICE_1)
     words = canary.split()[1:]
-    for shown in (" ".join(words[:7]), " ".join(words[1:]), " ".join(words)):
+    for shown in (" ".join(words[:5]), " ".join(words[3:]), " ".join(words)):
         hits = index.scan(f"Quote: {shown}, end")
         assert [(h.layer, h.canary, h.text) for h in hits] == [("fragment", canary, shown)]
         assert hits[0].origin == CanaryOrigin(3, 4, 5)
-    assert index.scan("Quote: " + " ".join(words[:6]) + ".") == []
+    assert index.scan("Quote: " + " ".join(words[:4]) + ".") == []
 
 
 def test_fragment_bound_matches_the_documented_formula_and_table() -> None:
     sizes = {
         w: min_fragment_words(CanaryMinter.from_seed(0, "x", num_words=w)) for w in range(6, 11)
     }
-    assert sizes == {6: 6, 7: 6, 8: 7, 9: 7, 10: 7}
+    assert sizes == {6: 6, 7: 6, 8: 6, 9: 7, 10: 7}
     six = CanaryMinter.from_seed(0, "x")
     assert min_fragment_words(six, max_live=1 << 24) is None  # not even a whole canary
     assert min_fragment_words(six, max_live=1 << 10, max_response_chars=1 << 16) == 5
-    # (L / 7) * V * 2**-70 for 6 words at the default limits
-    bound = (1 << 22) / 7 * (1 << 20) * 2.0**-70
-    assert 1e-10 < bound < 1e-9
+    assert CanaryIndex(six, max_live=1 << 24).fragment_words is None
 
 
 def test_other_runs_canaries_are_unknown_origin(
@@ -273,8 +307,10 @@ def benign_corpus() -> list[str]:
     ) * 500
     mentions = "The ydk toolkit generates models. YDK-gen and ydk_py are packages. " * 200
     prose = (PROSE + "It was a quiet, simple evening; nothing unusual happened at all. ") * 500
+    invisible = listy[:70000].replace(" ", "\u200b")  # both readings of invisible separators
+    byte_level = "\u0120" + listy[:70000].replace(" ", "\u0120")  # raw byte-level BPE
     return [prose, prose.upper(), hex_blob, base32, base32.lower(), uuids, hyphens, listy,
-            code, mentions]  # fmt: skip
+            invisible, byte_level, code, mentions]  # fmt: skip
 
 
 def test_benign_text_gives_no_hit_with_many_live_canaries(minter: CanaryMinter) -> None:
@@ -284,6 +320,13 @@ def test_benign_text_gives_no_hit_with_many_live_canaries(minter: CanaryMinter) 
     assert len(index) == 100_000
     for text in benign_corpus():
         assert index.scan(text) == [], text[:60]
+    # with 100,000 live canaries, five words are enough in the first 4,354 characters only
+    canary = minter.mint(0, 3, 7)
+    five = " ".join(canary.split()[2:])
+    assert index.fragment_words_at(4353) == 5
+    assert [h.canary for h in index.scan(f"{PROSE}{five}.")] == [canary]
+    assert index.scan("x" * 4400 + f" {five}.") == []
+    assert [h.canary for h in index.scan("x" * 4400 + f" {canary}.")] == [canary]
 
 
 @pytest.mark.parametrize("scan_block", [100, SCAN_BLOCK])

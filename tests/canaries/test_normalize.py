@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from canaries import fold
+from canaries.normalize import fold_readings
 
 
 def test_ascii_folds_in_place() -> None:
@@ -55,3 +56,30 @@ def test_every_folded_span_comes_from_its_original_span(text: str, data: st.Data
     original_start, original_end = folded.original_span(start, end)
     assert 0 <= original_start < original_end <= len(text)
     assert folded.text[start:end] in fold(text[original_start:original_end]).text
+
+
+def test_invisible_characters_have_two_readings() -> None:
+    for invisible in ("\u200b", "\u2060", "\u00ad", "\ufeff", "\u200c", "\u200d", "\u2061"):
+        text = f"settle{invisible}bishop y{invisible}dk"
+        deleted, spaced = fold_readings(text)
+        assert deleted.text == "settlebishop ydk", repr(invisible)
+        assert spaced.text == "settle bishop y dk", repr(invisible)
+        assert deleted == fold(text)
+        assert text[slice(*spaced.original_span(7, 13))] == "bishop"
+        assert text[slice(*deleted.original_span(13, 16))] == f"y{invisible}dk"
+
+
+def test_text_without_invisible_characters_has_one_reading() -> None:
+    for text in ("plain ascii", "café ｙｄｋ", "a\u0301b", ""):
+        assert fold_readings(text) == (fold(text),)
+
+
+def test_tokenizer_whitespace_markers_fold_to_spaces() -> None:
+    cases = {
+        "\u0120settle\u0120bishop\u010a": " settle bishop ",  # byte-level BPE Ġ and Ċ
+        "\u2581settle\u2581bishop": " settle bishop",  # SentencePiece ▁
+        "a\u0109b": "a b",  # byte-level BPE ĉ (a tab)
+        "\u0121\u010b": "gc",  # the lower-case letters stay letters
+    }
+    for text, expected in cases.items():
+        assert [r.text for r in fold_readings(text)] == [expected], repr(text)

@@ -68,7 +68,8 @@ def test_other_tenants_canary_is_a_critical_cross_tenant_finding(run: Run) -> No
     assert finding.marker == canary
     assert finding.summary == (
         "tenant-2's response to t2-r000017 contained tenant-0's canary from request "
-        f"t0-r000003 (exact match at chars {start}-{start + len(canary)})"
+        f"t0-r000003 (exact match at chars {start}-{start + len(canary)}): "
+        "a leak from another tenant"
     )
     assert finding.details["layer"] == "exact"
     assert finding.details["relation"] == "other_tenant"
@@ -122,6 +123,7 @@ def test_same_tenants_other_request_is_cross_request(run: Run) -> None:
     assert finding.severity is Severity.HIGH
     assert (finding.victim_tenant, finding.victim_request_id) == ("tenant-1", "t1-r000004")
     assert "its own other request t1-r000004" in finding.summary
+    assert finding.summary.endswith(": a leak from another request of the same tenant")
 
 
 def test_canary_of_another_run_is_unknown(run: Run) -> None:
@@ -133,6 +135,7 @@ def test_canary_of_another_run_is_unknown(run: Run) -> None:
     assert finding.victim_tenant is None
     assert finding.details["origin"] is None
     assert "never minted" in finding.summary
+    assert finding.summary.endswith(": a leak of unknown origin")
 
 
 def test_one_finding_per_foreign_owner_request_with_a_marker_count(run: Run) -> None:
@@ -218,3 +221,29 @@ def test_a_foreign_run_canary_is_not_mistaken_for_a_splice(run: Run) -> None:
     scan = ContentDetector(run.index).start(_with_spans(plan, run.canaries[plan.request_id]))
     [finding] = stream(scan, [f"a {stranger} b"])
     assert finding.kind is FindingKind.UNKNOWN_CANARY
+
+
+def test_content_kinds_say_which_leak_they_are() -> None:
+    assert {kind: kind.leak for kind in FindingKind if kind.leak is not None} == {
+        FindingKind.CROSS_TENANT_CANARY: "a leak from another tenant",
+        FindingKind.CROSS_REQUEST_CANARY: "a leak from another request of the same tenant",
+        FindingKind.UNKNOWN_CANARY: "a leak of unknown origin",
+    }
+    assert FindingKind.UNSAFE_ACCEPT.leak is None
+
+
+def test_each_finding_names_the_field_its_marker_came_from(run: Run) -> None:
+    victim, other = run.plan(0, 1), run.plan(3, 2)
+    plan = run.plan(1, 1)
+    scan = ContentDetector(run.index).start(plan)
+    first, second = run.canaries[victim.request_id][0], run.canaries[other.request_id][0]
+    findings = scan.feed("Thinking. ", "reasoning") + scan.feed("Answer: ")
+    findings += scan.feed('{"q": "' + first[:20], "tool_calls[0].function.arguments")
+    findings += scan.feed(first[20:] + '"}', "tool_calls[0].function.arguments")
+    findings += scan.feed(f" and {second}.")
+    findings += scan.finish(make_obs(plan))
+    fields = {f.victim_request_id: f.details["field"] for f in findings}
+    assert fields == {"t0-r000001": "tool_calls[0].function.arguments", "t3-r000002": "content"}
+    by_request = {f.victim_request_id: f.summary for f in findings}
+    assert "in `tool_calls[0].function.arguments`)" in by_request["t0-r000001"]
+    assert "in `" not in by_request["t3-r000002"]

@@ -140,6 +140,9 @@ class FakeScan:
         )
         return [finding]
 
+    def own_echo_event(self, t_wall: float) -> None:
+        return None
+
     def finish(self, obs: Observation) -> list[Finding]:
         return []
 

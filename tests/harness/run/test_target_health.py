@@ -135,6 +135,9 @@ class _Scan:
     def feed(self, chunk: str) -> list[Finding]:
         return []
 
+    def own_echo_event(self, t_wall: float) -> None:
+        return None
+
     def finish(self, obs: Observation) -> list[Finding]:
         return []
 

@@ -1,0 +1,182 @@
+"""Own echoes: recombinations of a request's own prompt are never findings; other markers are."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from detector_factories import make_obs, make_plan
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from canaries import TAG, CanaryIndex, CanaryMinter, Owner, build_prompt, fold, load_tokenizer
+from canaries.prompt import BuiltPrompt
+from canaries.shape import WORD_INDEX
+from harness.detectors import ContentDetector
+from harness.detectors.own_echo import ECHO_HIDE_BOUND, OwnText
+from harness.record.events import OwnEchoRecorded, from_record, to_record
+from harness.record.finding import Finding, FindingKind
+from tenants.plan import RequestPlan
+
+FIXTURE = HealthCheck.function_scoped_fixture
+
+
+class Laced:
+    """One run: real canary-laced prompts, registered live for their owners."""
+
+    def __init__(self) -> None:
+        self.tokenizer = load_tokenizer("cl100k_base")
+        self.minter = CanaryMinter.from_seed(3, "echo-run")
+        self.index = CanaryIndex(self.minter)
+        self.prompts: dict[str, BuiltPrompt] = {}
+
+    def plan(self, tenant: int, request: int, num_tokens: int) -> RequestPlan:
+        built = build_prompt(
+            self.tokenizer, self.minter, tenant=tenant, request=request, num_tokens=num_tokens
+        )
+        request_id = f"t{tenant}-r{request:06d}"
+        owner = Owner(f"tenant-{tenant}", request_id)
+        self.index.add_many((span.text, owner) for span in built.canaries)
+        self.prompts[request_id] = built
+        return make_plan(
+            request_id, tenant=owner.tenant, prompt=built.text, canaries=built.canaries
+        )
+
+
+@pytest.fixture(scope="module")
+def laced() -> Laced:
+    run = Laced()
+    run.plan(1, 1, 600)  # another tenant's live canaries, so a misattribution would show
+    return run
+
+
+def scan(run: Laced, plan: RequestPlan, text: str, chunk: int = 13) -> tuple[list[Finding], int]:
+    response = ContentDetector(run.index).start(plan)
+    findings: list[Finding] = []
+    for start in range(0, len(text), chunk):
+        findings += response.feed(text[start : start + chunk])
+    findings += response.finish(make_obs(plan, text=text))
+    return findings, len(response.own_echoes)
+
+
+def shuffled_pieces(words: list[str], rng: random.Random, lengths: tuple[int, int]) -> str:
+    pieces, position = [], 0
+    while position < len(words):
+        size = rng.randint(*lengths)
+        pieces.append(" ".join(words[position : position + size]))
+        position += size
+    rng.shuffle(pieces)
+    return rng.choice([" ", "\n", " "]).join(pieces)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[FIXTURE])
+@given(seed=st.integers(0, 2**32), max_piece=st.integers(1, 12))
+def test_splices_and_shuffles_of_a_short_own_prompt_give_no_finding(
+    laced: Laced, seed: int, max_piece: int
+) -> None:
+    """Any order and any mixture: a prompt this short has few enough distinct words."""
+    plan = laced.plan(0, 100 + seed % 1000, 400)
+    rng = random.Random(seed)
+    words = plan.prompt.split()
+    echo = shuffled_pieces(words, rng, (1, max_piece))
+    findings, _ = scan(laced, plan, echo, chunk=rng.choice([1, 7, 4096]))
+    assert findings == []
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[FIXTURE])
+@given(seed=st.integers(0, 2**32))
+def test_piece_splices_of_a_long_own_prompt_give_no_finding(laced: Laced, seed: int) -> None:
+    """A 4,096-token prompt allows 4 pieces per 7-word marker: splices of 2+ word pieces."""
+    plan = laced.plan(0, 5000 + seed % 1000, 4096)
+    rng = random.Random(seed)
+    echo = shuffled_pieces(plan.prompt.split(), rng, (2, 12))
+    findings, _ = scan(laced, plan, echo, chunk=4096)
+    assert findings == []
+
+
+def test_the_reported_recombinations_are_echoes_journaled_as_own_echo(laced: Laced) -> None:
+    plan = laced.plan(0, 7, 600)
+    own = OwnText(plan.prompt)
+    first, second = (span.text.split() for span in plan.canaries[:2])
+    others = fillers(own, first + second)
+    head_and_filler = " ".join([*first[:6], others[0]])  # tag, five words, a filler word
+    head_and_fillers = " ".join([*first[:3], *others[:4]])  # tag, two words, four fillers
+    head_and_middle = " ".join([*first[:3], *second[2:6]])  # one's start, another's middle
+    text = f"Sure: {head_and_filler}, {head_and_fillers} and then {head_and_middle}."
+    response = ContentDetector(laced.index).start(plan)
+    assert response.feed(text) == []
+    assert response.finish(make_obs(plan, text=text)) == []
+    own_owner = Owner(plan.tenant, plan.request_id)
+    assert [(h.layer, h.owner) for h in response.hits[:1]] == [("fragment", own_owner)]
+    assert [h.canary for h in response.own_echoes] == [head_and_fillers, head_and_middle]
+    event = response.own_echo_event(t_wall=5.0)
+    assert event == OwnEchoRecorded(
+        plan.request_id, plan.tenant, 2, (head_and_fillers, head_and_middle), 5.0
+    )
+    assert from_record(to_record(event)) == event
+
+
+def fillers(own: OwnText, exclude: list[str]) -> list[str]:
+    """The prompt's list words that are not in `exclude`, in a fixed order."""
+    return [w for w in sorted(own.vocabulary) if w in WORD_INDEX and w not in exclude]
+
+
+def test_a_marker_with_a_word_from_no_prompt_is_unknown(laced: Laced) -> None:
+    plan = laced.plan(0, 8, 600)
+    own = OwnText(plan.prompt)
+    first = plan.canaries[0].text.split()
+    stranger = CanaryMinter.from_seed(99, "elsewhere").mint(0, 0, 0).split()
+    foreign_word = next(w for w in stranger[1:] if w not in own.vocabulary)
+    marker = " ".join([*first[:4], *fillers(own, first)[:2], foreign_word])
+    findings, num_echoes = scan(laced, plan, f"quoted: {marker}.")
+    assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY]
+    assert num_echoes == 0
+    response = ContentDetector(laced.index).start(plan)
+    response.finish(make_obs(plan))
+    assert response.own_echo_event(t_wall=0.0) is None
+
+
+def test_a_long_prompt_does_not_explain_a_word_by_word_mixture(laced: Laced) -> None:
+    """With every list word in a long prompt, 'any order' would hide any foreign marker."""
+    plan = laced.plan(0, 9, 4096)
+    own = OwnText(plan.prompt)
+    assert own.max_pieces(7) == 4
+    spans = plan.canaries
+    marker = [TAG] + [spans[10 * i].text.split()[1 + i] for i in range(6)]  # 6 places
+    assert own.min_pieces(marker) > 4
+    findings, num_echoes = scan(laced, plan, "so: " + " ".join(marker) + ".")
+    assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY]
+    assert num_echoes == 0
+    assert own.explains(marker[:1] + spans[3].text.split()[1:4] + spans[40].text.split()[2:5])
+
+
+def test_other_runs_canaries_stay_unknown_against_a_long_prompt(laced: Laced) -> None:
+    plan = laced.plan(0, 11, 4096)
+    others = CanaryMinter.from_seed(5, "another-run").mint_many(0, 0, range(200))
+    response = ContentDetector(laced.index).start(plan)
+    text = " filler ".join(others)
+    findings = response.feed(text) + response.finish(make_obs(plan, text=text))
+    assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY]
+    assert findings[0].details["num_markers"] == 200
+    assert response.own_echoes == []
+
+
+def test_journal_only_plans_use_their_canaries() -> None:
+    minter = CanaryMinter.from_seed(4, "journal")
+    prompt = build_prompt(
+        load_tokenizer("cl100k_base"), minter, tenant=0, request=0, num_tokens=300
+    )
+    own = OwnText("", prompt.canaries)
+    assert own.vocabulary == {w for s in prompt.canaries for w in fold(s.text).text.split()}
+    assert own.explains(prompt.canaries[1].text.split()[:4] + prompt.canaries[0].text.split()[4:])
+
+
+def test_the_hide_chance_budget_shrinks_pieces_as_prompts_grow() -> None:
+    sizes = [(150, 250, 25), (560, 1024, 102), (1770, 4096, 409), (3480, 1 << 20, 104857)]
+    allowed = []
+    for num_list_words, num_words, num_tags in sizes:
+        own = OwnText("")
+        own.num_list_words, own.words, own.num_tags = num_list_words, ["x"] * num_words, num_tags
+        allowed.append(own.max_pieces(7))
+    assert allowed == [7, 5, 4, 2]
+    assert (150 / 3480) ** 6 <= ECHO_HIDE_BOUND < (560 / 3480) ** 6
