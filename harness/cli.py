@@ -29,6 +29,7 @@ _SUBCOMMAND_MODULES = (
     "reports.command",  # report
     "harness.commands.audit",  # audit
     "harness.commands.repro",  # repro, scenarios
+    "harness.commands.verify",  # verify
     "reference_engine.server.command",  # serve
 )
 
