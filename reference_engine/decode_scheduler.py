@@ -151,12 +151,15 @@ class DecodeScheduler:
         """
         ended: list[Req] = []
         for req in list(self.running):
-            self._ensure_page(req)
+            # Check before stamping: the page this step writes into may hold a late write
+            # from an aborted request, which a fresh stamp would hide (`kvcanary verify`).
             problem = self._tag_problem(req) if self.config.has("page_tags") else None
             if problem is not None:
                 self.running.remove(req)
                 self._end(req, problem)
                 ended.append(req)
+                continue
+            self._ensure_page(req)
         return list(self.running), ended
 
     def _ensure_page(self, req: Req) -> None:

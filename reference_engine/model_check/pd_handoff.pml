@@ -33,8 +33,8 @@
    by two requests (assert at allocation and free); no page is lost and every request ended
    (asserts once every process is done); every request ends (an invalid end state otherwise).
    Lines starting with "@" are the steps a counterexample is rendered from (model_check.trail).
-   Decode writes its generated tokens into the prompt's last page (restamping its tag each
-   step, as decode_scheduler._ensure_page does); pages for more tokens, the prefix cache and
+   Decode writes its generated tokens into the prompt's last page (checking every tag, then
+   restamping that page's, each step, as decode_scheduler does); pages for more tokens, the prefix cache and
    timing are deliberately not modelled.
 */
 
@@ -208,11 +208,9 @@ proctype Decode(byte r) {
   :: step < NUM_STEPS && dropped[r] -> goto abort
   :: step < NUM_STEPS ->
      atomic {
-       /* the step's token goes into the prompt's last page (prompts end mid-page): decode
-          stamps that page's tag with its own generation before it checks the tags
-          (decode_scheduler._ensure_page), whatever the page holds */
-       tag[DP(r, num_pages[r] - 1)] = DG(r, num_pages[r] - 1);
-       printf("@%d decode stamps page %d for its next token\n", r, DP(r, num_pages[r] - 1));
+       /* decode checks every page's tag before it stamps the page the step's token goes
+          into (the prompt's last page: prompts end mid-page) with its own generation, so a
+          late write there is caught rather than re-stamped (decode_scheduler) */
        i = 0;
        do
        :: i < num_pages[r] ->
@@ -224,6 +222,8 @@ proctype Decode(byte r) {
           fi
        :: else -> break
        od;
+       tag[DP(r, num_pages[r] - 1)] = DG(r, num_pages[r] - 1);
+       printf("@%d decode stamps page %d for its next token\n", r, DP(r, num_pages[r] - 1));
        i = 0; step++
      }
   od;
