@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from canaries.errors import CanaryError
-from canaries.hit import Hit
+
+if TYPE_CHECKING:  # the package imports this module eagerly, and `hit` pulls in numpy
+    from canaries.hit import Hit
 
 
 def redact(text: str, hits: Sequence[Hit]) -> str:

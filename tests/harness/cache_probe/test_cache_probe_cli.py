@@ -23,7 +23,7 @@ def test_the_probe_phase_finds_the_bundled_engines_shared_cache(
     printed = capsys.readouterr()
     assert status == 1
     assert "starting the bundled reference engine (vulnerable, prefix cache on)" in printed.err
-    assert "cache probe: FOUND: tenant-1 re-sending tenant-0's prefix" in printed.err
+    assert "cache probe: LEAK: tenant-1 re-sending tenant-0's prefix" in printed.err
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     phases = [r["phase"] for r in records if r["type"] == "phase"]
     assert phases[-1] == "cache_probe"

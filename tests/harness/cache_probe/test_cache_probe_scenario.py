@@ -104,4 +104,4 @@ def test_the_shared_cache_scenario_reproduces_on_the_bundled_engine(tmp_path: Pa
     assert probe.findings == {"shared_prefix_cache": 4}
     rows = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows if r["type"] == "phase"] == ["1-victims", "cache_probe"]
-    assert [r["type"] for r in rows][-2:] == ["probe_finished", "run_finished"]
+    assert [r["type"] for r in rows][-3:] == ["probe_finished", "timing_fitted", "run_finished"]

@@ -131,11 +131,11 @@ def test_one_source_giving_both_sides_of_a_pair_is_a_usage_error(
         (["--kvcanary-tenants=zero"], "argument --kvcanary-tenants: expected a positive integer"),
         (
             ["--kvcanary-engine=leaky"],
-            "argument --kvcanary-engine: expected one of vulnerable, hardened",
+            "argument --kvcanary-engine: expected one of vulnerable, patched, hardened",
         ),
         (
             ["--kvcanary-engine-preset=leaky"],
-            "argument --kvcanary-engine-preset: expected one of vulnerable, hardened",
+            "argument --kvcanary-engine-preset: expected one of vulnerable, patched, hardened",
         ),
         (["--kvcanary-engine-fix=page_tags"], "--kvcanary-engine-fix needs --kvcanary-engine"),
         (["--kvcanary-engine=vulnerable", "--kvcanary-engine-fix=bogus"], "unknown fix bogus"),
