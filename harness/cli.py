@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canaries.errors import ConfigError, RunIncomplete
+from harness.run.interrupts import sigterm_as_interrupt
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -62,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Callable[[Any], int] = args.handler
     try:
-        return handler(args)
+        with sigterm_as_interrupt():  # a CI job's timeout is a Ctrl-C, never a silent death
+            return handler(args)
     except ConfigError as exc:
         print(f"kvcanary: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

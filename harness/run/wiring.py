@@ -3,12 +3,9 @@
 A session (`harness.run.session`) and a scenario reproduction (`harness.scenarios.repro`)
 differ in where their settings come from and in how they send (phases of one budget, or a
 scenario's ordered steps); everything else is built here, once: the bundled engine on a free
-loopback port, the HTTP client, first contact with the target (its facts, limits and model),
-the canary minter, the detectors, the journal and its `run_started` record, the cache probe
-phase, and the final render.
-
-Heavy or optional imports (the engine, pandas via reports) happen inside functions, so the
-harness runs against a remote deployment without the engine installed.
+loopback port, the HTTP client, first contact (facts, limits, model), the calibration, the
+canary minter, the detectors, the journal and its `run_started` record, and the render.
+Heavy or optional imports (the engine, pandas via reports) happen inside functions.
 """
 
 from __future__ import annotations
@@ -173,7 +170,14 @@ async def contact(
 ) -> Contact:
     """Read the target's facts; raises `RunIncomplete` when it cannot be reached and
     `ConfigError` when its limits or model are unknown and were not given."""
-    facts = await read_engine_facts(http, base_url, headers=tenant.auth_headers())
+    facts = await read_engine_facts(
+        http,
+        base_url,
+        headers=tenant.auth_headers(),
+        model_known=model is not None,
+        limits_known=pool_tokens is not None and context_tokens is not None,
+        on_wait=display.note,
+    )
     if not facts.reachable:
         errors = [a.error for a in facts.attempts if a.error]
         why = errors[0] if errors else "no response"
@@ -289,8 +293,12 @@ class Journal:
     """The run's journal, with each event also shown on the progress display."""
 
     def __init__(self, out_dir: Path, display: ProgressDisplay) -> None:
-        self._writer = JournalWriter(out_dir / JOURNAL_NAME)
+        try:
+            self._writer = JournalWriter(out_dir / JOURNAL_NAME)
+        except OSError as exc:
+            raise RunIncomplete(f"cannot create the journal in {out_dir}: {exc}") from None
         self._display = display
+        self._broken: str | None = None
 
     @property
     def path(self) -> Path:
@@ -301,11 +309,23 @@ class Journal:
         return self._writer
 
     def emit(self, event: Event) -> None:
-        self._writer.write(event)
+        """Journal `event`. A journal that cannot be written (disk full, the directory gone)
+        stops the run with one line (`RunIncomplete`, exit 3); later events are dropped."""
+        if self._broken is not None:
+            return
+        try:
+            self._writer.write(event)
+        except OSError as exc:
+            self._broken = f"cannot write the journal {self.path}: {exc.strerror or exc}"
+            raise RunIncomplete(f"{self._broken}; the run stopped") from None
         self._display.handle(event)
 
     def close(self) -> None:
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError as exc:  # the final sync of a full disk
+            if self._broken is None:
+                raise RunIncomplete(f"cannot write the journal {self.path}: {exc}") from None
 
 
 def run_started(

@@ -30,6 +30,9 @@ import httpx
 from canaries import TAG, Tokenizer
 from canaries.errors import ConfigError
 from harness.record.events import Limits
+from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from harness.target.discovery_fetch import post_bounded
+from harness.target.sse_stream import MAX_TOKEN_COUNT
 from tenants.plan import ApiStyle
 from tenants.planner import CHAT_INSTRUCTION
 from tenants.tenant import Tenant
@@ -96,19 +99,19 @@ async def measure_prompt_token_offset(
     counted = await asyncio.to_thread(tokenizer.count, CALIBRATION_TEXT)
     counted += chat_overhead_tokens if api == "chat" else 0
     try:
-        response = await http.post(url, json=body, headers=tenant.auth_headers())
-    except httpx.HTTPError as exc:
-        raise ConfigError(f"calibration request to {url} failed ({exc!r})") from None
-    if response.status_code != 200:
-        raise ConfigError(
-            f"calibration request to {url} answered HTTP {response.status_code}: "
-            f"{response.text[:200]!r}"
+        status, content = await post_bounded(
+            http, url, json_body=body, headers=tenant.auth_headers()
         )
+    except (httpx.HTTPError, ResponseTooLarge, StreamViolation) as exc:
+        raise ConfigError(f"calibration request to {url} failed ({exc!r})") from None
+    text = content[:200].decode("utf-8", errors="replace")
+    if status != 200:
+        raise ConfigError(f"calibration request to {url} answered HTTP {status}: {text!r}")
     try:
-        answer = response.json()
-    except ValueError:
+        answer = loads(content)
+    except StreamViolation:
         raise ConfigError(
-            f"calibration request to {url} answered 200 without JSON: {response.text[:200]!r}"
+            f"calibration request to {url} answered 200 without JSON: {text!r}"
         ) from None
     result = PromptTokenOffset(api, url, counted, _prompt_tokens(answer))
     if result.offset < 0:
@@ -123,7 +126,9 @@ async def measure_prompt_token_offset(
 def _prompt_tokens(answer: Any) -> int | None:
     usage = answer.get("usage") if isinstance(answer, dict) else None
     value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return value if 0 <= value <= MAX_TOKEN_COUNT else None
 
 
 def planning_limits(limits: Limits, calibration: PromptTokenOffset | None) -> Limits:

@@ -30,9 +30,11 @@ Every failure is mapped to an `ErrorKind` in exactly one place, `_error_of`:
     └── Exception
         ├── canaries.errors.ConfigError ................ propagates (tenant credential unset)
         ├── TimeoutError (our per-request deadline) ... timeout
-        ├── sse_stream.ResponseTooLarge ............... too_large
-        ├── sse_stream.StreamViolation ................ protocol   bad JSON, error object/event
-        │                                                          after 200, wrong content type
+        ├── sse_stream.ResponseTooLarge ............... too_large  (decoded bytes past the bound)
+        ├── sse_stream.StreamViolation ................ protocol   bad or too deep JSON, error
+        │                                                          object/event after 200, wrong
+        │                                                          content type or encoding,
+        │                                                          usage counts out of range
         └── httpx.HTTPError
             ├── ConnectTimeout, ConnectError,
             │   UnsupportedProtocol, ProxyError ....... connect
@@ -62,6 +64,7 @@ from httpx_sse import EventSource
 
 from canaries.errors import ConfigError
 from harness.record.observation import ErrorKind, Observation
+from harness.target.bounded import take_over_decoding
 from harness.target.http_client import default_limits as default_limits
 from harness.target.http_client import default_timeout as default_timeout
 from harness.target.http_client import make_http_client as make_http_client
@@ -149,7 +152,7 @@ class TargetClient:
             body["stream_options"] = {"include_usage": True}
         if tenant.cache_salt is not None:
             body["cache_salt"] = tenant.cache_salt
-        # identity: the byte bound then bounds memory too (no decompression bombs)
+        # identity; a target that compresses anyway is inflated by the meter, within the bound
         headers = {"Accept-Encoding": "identity", **tenant.auth_headers()}
         if self.stream:
             headers["Accept"] = "text/event-stream"
@@ -252,7 +255,9 @@ class TargetClient:
             exchange.t_head_ns = time.perf_counter_ns()
             exchange.status = response.status_code
             assert isinstance(response.stream, httpx.AsyncByteStream)
-            meter = MeteredStream(response.stream, self._max_response_bytes)
+            # the bound counts decoded bytes: the meter inflates, httpx no longer does
+            codings = take_over_decoding(response)
+            meter = MeteredStream(response.stream, self._max_response_bytes, codings)
             response.stream = meter
             if not response.is_success:
                 bound = min(ERROR_BODY_BYTES, self._max_response_bytes)

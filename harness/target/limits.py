@@ -16,12 +16,13 @@ what was tried and the flags that would supply it; a target that answered nothin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import httpx
 
 from canaries.errors import ConfigError, RunIncomplete
 from harness.record.events import Limits
+from harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S
 from harness.target.server_info import EngineFacts, SideFacts, read_engine_facts
 
 DEFAULT_PAGE_SIZE = 16
@@ -35,8 +36,11 @@ async def discover_limits(
     context_tokens: int | None,
     page_size: int | None,
     headers: Mapping[str, str] | None = None,
+    timeout_s: float = DISCOVERY_TIMEOUT_S,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Limits:
-    """The limits to size a run against: flags first, then what the target reports."""
+    """The limits to size a run against: flags first, then what the target reports
+    (`timeout_s` bounds each endpoint; `on_wait` hears what is being waited for)."""
     for name, value in (
         ("--pool-tokens", pool_tokens),
         ("--context-tokens", context_tokens),
@@ -46,7 +50,9 @@ async def discover_limits(
             raise ConfigError(f"{name} must be a positive number of tokens, got {value}")
     if pool_tokens is not None and context_tokens is not None:
         return Limits(pool_tokens, context_tokens, page_size or DEFAULT_PAGE_SIZE, "flags")
-    facts = await read_engine_facts(client, base_url, headers=headers)
+    facts = await read_engine_facts(
+        client, base_url, headers=headers, timeout_s=timeout_s, on_wait=on_wait
+    )
     return limits_from_facts(
         facts, pool_tokens=pool_tokens, context_tokens=context_tokens, page_size=page_size
     )

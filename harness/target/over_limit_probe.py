@@ -21,8 +21,11 @@ import httpx
 from canaries import RemoteTokenizer
 from canaries.errors import CanaryError
 from harness.record.finding import Finding, FindingKind
+from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from harness.target.discovery_fetch import post_bounded
 from harness.target.limits import DEFAULT_PAGE_SIZE
 from harness.target.server_info import EngineFacts, SideFacts, describe_error
+from harness.target.sse_stream import MAX_TOKEN_COUNT
 from harness.target.urls import redact_url
 
 # A common word that every tokenizer we know encodes as at least one token, and the ones we
@@ -94,8 +97,8 @@ async def probe_over_limit(
             error="could not build a prompt above the limit",
         )
     try:
-        response = await client.post(url, json=body, headers=dict(headers or {}))
-    except httpx.HTTPError as exc:
+        status, content = await post_bounded(client, url, json_body=body, headers=headers)
+    except (httpx.HTTPError, ResponseTooLarge, StreamViolation) as exc:
         return ProbeResult(
             shown,
             ProbeOutcome.INCONCLUSIVE,
@@ -104,7 +107,6 @@ async def probe_over_limit(
             counted_by,
             error=describe_error(exc),
         )
-    status = response.status_code
     if 200 <= status < 300:
         outcome = ProbeOutcome.ACCEPTED
     elif status in _REJECTION_STATUSES:
@@ -118,7 +120,7 @@ async def probe_over_limit(
         num_tokens,
         counted_by,
         status=status,
-        prompt_tokens_reported=_prompt_tokens(response)
+        prompt_tokens_reported=_prompt_tokens(content)
         if outcome is ProbeOutcome.ACCEPTED
         else None,
     )
@@ -217,13 +219,15 @@ async def _count_tokens(remote: RemoteTokenizer, prompt: str) -> tuple[int, str]
     return count, httpx.URL(remote.endpoint).path
 
 
-def _prompt_tokens(response: httpx.Response) -> int | None:
+def _prompt_tokens(content: bytes) -> int | None:
     try:
-        usage = response.json().get("usage") or {}
+        usage = loads(content).get("usage") or {}
         value = usage.get("prompt_tokens")
-    except (ValueError, AttributeError):
+    except (StreamViolation, AttributeError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return value if 0 <= value <= MAX_TOKEN_COUNT else None
 
 
 def probe_record(probe: ProbeResult) -> dict[str, Any]:

@@ -65,10 +65,16 @@ class EngineFacts:
     model: str | None = None
     context_source: str | None = None
     """Where `context_tokens` came from (`openai:/v1/models`, `sglang:/get_server_info`)."""
+    skipped: str | None = None
+    """What was not asked because the caller already had it (flags), in words; None when
+    every endpoint was asked."""
 
     @property
     def reachable(self) -> bool:
-        """Whether any request got an HTTP response at all."""
+        """Whether any request got an HTTP response at all; also true when none was made
+        because the caller needed none (nothing says the target is unreachable then)."""
+        if not self.attempts and self.skipped is not None:
+            return True
         return any(a.status is not None for a in self.attempts)
 
     def smallest_pool_side(self) -> SideFacts | None:

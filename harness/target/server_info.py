@@ -14,7 +14,11 @@ What it knows: the shapes a serving engine uses to say how big its KV pool is.
 
 Every request made is kept as an `Attempt` (URL, status or error, what it yielded), so that
 "the pool size is unknown" always comes with the list of what was tried. Target misbehaviour
-(refused connections, timeouts, 404s, HTML where JSON was expected) is recorded, never raised.
+(refused connections, timeouts, 404s, HTML where JSON was expected, huge or inflating bodies,
+JSON nested too deep) is recorded, never raised: every GET is bounded in time, decoded size
+and JSON depth (`harness.target.discovery_fetch`). The server info and the model list are
+asked at once; what the caller already knows (flags) is not asked for at all, and a caller
+may be told what each round of requests waits on.
 
 What it deliberately does not know: what the figures mean for safety (that is
 `harness.target.audit`) or which figure a run should be sized against (that is
@@ -24,12 +28,23 @@ sizes: a figure it did not read stays `None`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import httpx
 
+from harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S, Fetcher
+from harness.target.engine_shapes import (
+    REFERENCE_ENGINE_VERSION,
+    has_sglang_fields,
+    is_reference_engine,
+    mini_lb_sides,
+    sglang_side,
+    vllm_pools,
+    yield_of_sides,
+)
 from harness.target.llamacpp_info import card_n_ctx, is_llamacpp_card, read_llamacpp_side
 from harness.target.server_facts import (
     Attempt,
@@ -41,10 +56,9 @@ from harness.target.server_facts import (
     min_known,
 )
 
-REFERENCE_ENGINE_VERSION = "kvcanary-reference"
-"""How the bundled reference engine's SGLang-shaped server info begins its `version` field."""
-
 _SGLANG_INFO_PATHS = ("/get_server_info", "/server_info")
+SKIPPED_ALL = "not asked: the model, pool and context were all given"
+SKIPPED_LIMITS = "pool and context not asked for: both were given"
 
 
 async def read_engine_facts(
@@ -52,10 +66,22 @@ async def read_engine_facts(
     base_url: str,
     *,
     headers: Mapping[str, str] | None = None,
+    model_known: bool = False,
+    limits_known: bool = False,
+    timeout_s: float = DISCOVERY_TIMEOUT_S,
+    on_wait: Callable[[str], None] | None = None,
 ) -> EngineFacts:
-    """Ask the target at `base_url` everything it will say about its limits."""
-    reader = _Reader(client, base_url.rstrip("/"), headers)
-    return await reader.read()
+    """Ask the target at `base_url` everything it will say about its limits.
+
+    `model_known` / `limits_known`: the caller already has the model name / the pool and
+    context (from flags), so the endpoints that would only supply those are not asked; with
+    both, nothing is. `timeout_s` bounds each endpoint; `on_wait` is told, before each
+    round of requests, what is being waited for (one line the caller may show)."""
+    fetcher = Fetcher(client, base_url.rstrip("/"), headers, timeout_s=timeout_s)
+    reader = _Reader(fetcher, on_wait)
+    if model_known and limits_known:
+        return reader.facts_of("unknown", [], None, None, None, skipped=SKIPPED_ALL)
+    return await reader.read(limits_known=limits_known)
 
 
 async def read_deployment_facts(
@@ -65,22 +91,31 @@ async def read_deployment_facts(
     prefill_urls: Sequence[str] = (),
     decode_urls: Sequence[str] = (),
     headers: Mapping[str, str] | None = None,
+    timeout_s: float = DISCOVERY_TIMEOUT_S,
+    on_wait: Callable[[str], None] | None = None,
 ) -> EngineFacts:
-    """Facts for a deployment whose sides may be named explicitly.
+    """Facts for a deployment whose sides may be named explicitly (all read in parallel).
 
     Sides named with `prefill_urls` / `decode_urls` replace any the target reports about
     itself (an operator's list is authoritative; a router's may be partial). The target, if
     given, still supplies the advertised context and the model name.
     """
     assert target or prefill_urls or decode_urls, "nothing to read"
-    base = await read_engine_facts(client, target, headers=headers) if target else None
     named: list[tuple[Role, str]] = [("prefill", u) for u in prefill_urls]
     named += [("decode", u) for u in decode_urls]
+    urls = ([target] if target else []) + [url for _, url in named]
+    everything = await asyncio.gather(
+        *(
+            read_engine_facts(client, url, headers=headers, timeout_s=timeout_s, on_wait=on_wait)
+            for url in urls
+        )
+    )
+    base = everything[0] if target else None
     if not named:
         assert base is not None
         return base
     read = [
-        (role, url, await read_engine_facts(client, url, headers=headers)) for role, url in named
+        (role, url, one) for (role, url), one in zip(named, everything[-len(named) :], strict=True)
     ]
     sides = [side for role, url, one in read for side in _as_role(one, role, url)]
     advertised = base.context_tokens if base else None
@@ -122,29 +157,49 @@ def _as_role(facts: EngineFacts, role: Role, url: str) -> list[SideFacts]:
 class _Reader:
     """One pass over a target's introspection endpoints; collects attempts as it goes."""
 
-    def __init__(
-        self, client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str] | None
-    ) -> None:
-        self.client = client
-        self.base_url = base_url
-        self.headers = dict(headers or {})
-        self.attempts: list[Attempt] = []
-        self.unreachable: str | None = None
+    def __init__(self, fetcher: Fetcher, on_wait: Callable[[str], None] | None) -> None:
+        self.fetcher = fetcher
+        self.base_url = fetcher.base_url
+        self.on_wait = on_wait
 
-    async def read(self) -> EngineFacts:
-        engine, sides = await self._read_sglang()
-        model, advertised, card = await self._read_models()
+    def _waiting_for(self, paths: Sequence[str]) -> None:
+        if self.on_wait is not None and self.fetcher.unreachable is None:
+            self.on_wait(
+                f"waiting for {self.base_url} to answer {', '.join(paths)} "
+                f"(up to {self.fetcher.timeout_s:g} s)"
+            )
+
+    async def read(self, *, limits_known: bool) -> EngineFacts:
+        if limits_known:  # only the model name is wanted
+            self._waiting_for(["/v1/models"])
+            model, _, _ = await self._read_models(self.fetcher)
+            return self.facts_of("unknown", [], None, model, None, skipped=SKIPPED_LIMITS)
+        # the server info and the model list are independent: ask both at once
+        self._waiting_for([_SGLANG_INFO_PATHS[0], "/v1/models"])
+        sglang_fetcher, models_fetcher = self.fetcher.fork(), self.fetcher.fork()
+        (engine, sides), (model, advertised, card) = await asyncio.gather(
+            self._read_sglang(sglang_fetcher), self._read_models(models_fetcher)
+        )
+        self.fetcher.join(sglang_fetcher, models_fetcher)
+        if not self.fetcher.answered and self.fetcher.timed_out:
+            # a target that answers nothing in time answers nothing else in time either
+            self.fetcher.unreachable = f"not answering within {self.fetcher.timeout_s:g} s"
         context_source = "openai:/v1/models" if advertised is not None else None
         if card is not None and is_llamacpp_card(card):
             engine = "llamacpp"
             if advertised is None and card_n_ctx(card) is not None:
                 advertised, context_source = card_n_ctx(card), "llamacpp:/v1/models meta.n_ctx"
         if engine == "llamacpp" and not any(s.pool_tokens is not None for s in sides):
+            self._waiting_for(["/props", "/slots"])
             side = await read_llamacpp_side(
-                self._get_json, self.attempts, self.base_url, models_n_ctx=card_n_ctx(card or {})
+                self.fetcher.get_json,
+                self.fetcher.attempts,
+                self.base_url,
+                models_n_ctx=card_n_ctx(card or {}),
             )
             sides = [side] if side is not None else sides
         elif not any(s.pool_tokens is not None for s in sides):
+            self._waiting_for(["/metrics"])
             vllm_sides = await self._read_vllm_metrics(advertised)
             if vllm_sides:
                 engine, sides = "vllm", vllm_sides
@@ -157,104 +212,93 @@ class _Reader:
             s if s.context_tokens is not None else replace(s, context_tokens=advertised)
             for s in sides
         ]
+        return self.facts_of(engine, sides, advertised, model, context_source)
+
+    def facts_of(
+        self,
+        engine: str,
+        sides: Sequence[SideFacts],
+        advertised: int | None,
+        model: str | None,
+        context_source: str | None,
+        *,
+        skipped: str | None = None,
+    ) -> EngineFacts:
         return EngineFacts(
             engine=engine,
             base_url=self.base_url,
             sides=tuple(sides),
             context_tokens=advertised or min_known([s.context_tokens for s in sides]),
             page_size=min_known([s.page_size for s in sides]),
-            attempts=tuple(self.attempts),
+            attempts=tuple(self.fetcher.attempts),
             model=model,
             context_source=context_source or _context_source(sides),
+            skipped=skipped,
         )
 
-    async def _get(self, path: str) -> httpx.Response | None:
-        """GET one path; None when no response came back (that attempt is recorded here)."""
-        url = self.base_url + path
-        if self.unreachable is not None:
-            self.attempts.append(Attempt(url, None, self.unreachable, "not tried"))
-            return None
-        try:
-            return await self.client.get(url, headers=self.headers)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            # the host is not there; every further path would wait out the same timeout
-            self.unreachable = f"unreachable: {describe_error(exc)}"
-            self.attempts.append(Attempt(url, None, self.unreachable, "nothing"))
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            self.attempts.append(Attempt(url, None, describe_error(exc), "nothing"))
-        return None
-
-    async def _get_json(self, path: str) -> tuple[str, Any] | None:
-        """(url, decoded body) of a 200 JSON response; None, with the attempt recorded, else."""
-        url = self.base_url + path
-        response = await self._get(path)
-        if response is None:
-            return None
-        if response.status_code != 200:
-            self.attempts.append(Attempt(url, response.status_code, None, "nothing"))
-            return None
-        try:
-            return url, response.json()
-        except ValueError:
-            self.attempts.append(Attempt(url, 200, "not JSON", "nothing"))
-            return None
-
-    async def _read_sglang(self) -> tuple[str, list[SideFacts]]:
+    async def _read_sglang(self, fetcher: Fetcher) -> tuple[str, list[SideFacts]]:
         for path in _SGLANG_INFO_PATHS:
-            got = await self._get_json(path)
+            got = await fetcher.get_json(path)
             if got is None:
+                if fetcher.attempts[-1].status is None:
+                    break  # no answer at all (a timeout): the alias would wait as long
                 continue
             url, body = got
             if not isinstance(body, dict):
-                self.attempts.append(Attempt(url, 200, "not a JSON object", "nothing"))
+                fetcher.attempts.append(Attempt(url, 200, "not a JSON object", "nothing"))
                 continue
             source = f"sglang:{path}"
             if isinstance(body.get("prefill"), list) or isinstance(body.get("decode"), list):
-                sides = _mini_lb_sides(body, self.base_url, source)
+                sides = mini_lb_sides(body, self.base_url, source)
                 engine = "sglang-pd"
-            elif _has_sglang_fields(body):
-                sides = [_sglang_side(body, self.base_url, source, role=None)]
+            elif has_sglang_fields(body):
+                sides = [sglang_side(body, self.base_url, source, role=None)]
                 engine = "sglang"
             else:
-                self.attempts.append(Attempt(url, 200, "no SGLang fields", "nothing"))
+                fetcher.attempts.append(Attempt(url, 200, "no SGLang fields", "nothing"))
                 continue
-            if _is_reference_engine(body):
+            if is_reference_engine(body):
                 engine = "kvcanary-reference"
-            self.attempts.append(Attempt(url, 200, None, _yield_of_sides(sides)))
+            fetcher.attempts.append(Attempt(url, 200, None, yield_of_sides(sides)))
             return engine, sides
         return "unknown", []
 
-    async def _read_models(self) -> tuple[str | None, int | None, dict[str, Any] | None]:
+    async def _read_models(
+        self, fetcher: Fetcher
+    ) -> tuple[str | None, int | None, dict[str, Any] | None]:
         """(model id, advertised context, the first model card) from /v1/models."""
-        got = await self._get_json("/v1/models")
+        got = await fetcher.get_json("/v1/models")
         if got is None:
             return None, None, None
         url, body = got
         cards = body.get("data") if isinstance(body, dict) else None
         if not isinstance(cards, list) or not cards or not isinstance(cards[0], dict):
-            self.attempts.append(Attempt(url, 200, "no model cards", "nothing"))
+            fetcher.attempts.append(Attempt(url, 200, "no model cards", "nothing"))
             return None, None, None
         card = cards[0]
         model = card.get("id")
-        model = model if isinstance(model, str) else None
+        unusable = model is not None and not _usable_model_id(model)
+        model = model if _usable_model_id(model) else None
         context = as_int(card.get("max_model_len"))
         said = f"model={model}, context_tokens={context}"
+        if unusable:
+            said += " (its id is not a usable model name)"
         if card_n_ctx(card) is not None:
             said += f", meta.n_ctx={card_n_ctx(card)}"
-        self.attempts.append(Attempt(url, 200, None, said))
+        fetcher.attempts.append(Attempt(url, 200, None, said))
         return model, context, card
 
     async def _read_vllm_metrics(self, advertised: int | None) -> list[SideFacts]:
-        url = self.base_url + "/metrics"
-        response = await self._get("/metrics")
-        if response is None:
+        fetched = await self.fetcher.get("/metrics")
+        if fetched is None:
             return []
-        if response.status_code != 200:
-            self.attempts.append(Attempt(url, response.status_code, None, "nothing"))
+        url = fetched.url
+        if fetched.status != 200:
+            self.fetcher.attempts.append(Attempt(url, fetched.status, None, "nothing"))
             return []
-        pools = _vllm_pools(response.text)
+        pools = vllm_pools(fetched.body.decode("utf-8", errors="replace"))
         if pools is None:
-            self.attempts.append(Attempt(url, 200, "no vllm:cache_config_info", "nothing"))
+            self.fetcher.attempts.append(Attempt(url, 200, "no vllm:cache_config_info", "nothing"))
             return []
         sides = [
             SideFacts(
@@ -269,114 +313,22 @@ class _Reader:
             )
             for engine, pool, block_size, labels in pools
         ]
-        self.attempts.append(Attempt(url, 200, None, _yield_of_sides(sides)))
+        self.fetcher.attempts.append(Attempt(url, 200, None, yield_of_sides(sides)))
         return sides
+
+
+MAX_MODEL_ID_CHARS = 512
+
+
+def _usable_model_id(model: Any) -> bool:
+    """A model name kvcanary may send in every request and show on one line."""
+    if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_ID_CHARS:
+        return False
+    return model.isprintable()
 
 
 def _context_source(sides: Sequence[SideFacts]) -> str | None:
     return next((s.source for s in sides if s.context_tokens is not None), None)
-
-
-def _is_reference_engine(body: Mapping[str, Any]) -> bool:
-    infos = [body] + [
-        i for r in ("prefill", "decode") for i in body.get(r) or () if isinstance(i, dict)
-    ]
-    return any(str(info.get("version", "")).startswith(REFERENCE_ENGINE_VERSION) for info in infos)
-
-
-def _has_sglang_fields(info: Mapping[str, Any]) -> bool:
-    keys = ("max_total_num_tokens", "max_req_input_len", "context_length", "page_size")
-    return any(k in info for k in keys) or isinstance(info.get("internal_states"), list)
-
-
-def _mini_lb_sides(body: Mapping[str, Any], base_url: str, source: str) -> list[SideFacts]:
-    sides: list[SideFacts] = []
-    for role in ("prefill", "decode"):
-        infos = body.get(role)
-        if not isinstance(infos, list):
-            continue
-        for index, info in enumerate(infos):
-            if isinstance(info, dict):
-                sides.append(_sglang_side(info, f"{base_url}#{role}[{index}]", source, role))
-    return sides
-
-
-_SGLANG_FIELDS = (
-    "max_total_num_tokens",
-    "max_req_input_len",
-    "context_length",
-    "page_size",
-    "disaggregation_mode",
-    "max_total_tokens",
-    "host",
-    "port",
-    "version",
-)
-
-
-def _sglang_side(info: Mapping[str, Any], url: str, source: str, role: Role | None) -> SideFacts:
-    """One SGLang server's facts; per-DP-rank figures in `internal_states` count too."""
-    ranks = [r for r in info.get("internal_states") or () if isinstance(r, dict)]
-    pool = min_known(
-        [as_int(info.get("max_total_num_tokens"))]
-        + [as_int(r.get("max_total_num_tokens")) for r in ranks]
-    )
-    max_input = min_known(
-        [as_int(info.get("max_req_input_len"))]
-        + [as_int(r.get("max_req_input_len")) for r in ranks]
-    )
-    mode = info.get("disaggregation_mode")
-    if role is None:
-        role = mode if mode in ("prefill", "decode") else "unified"
-    host, port = info.get("host"), as_int(info.get("port"))
-    if "#" in url and isinstance(host, str) and port is not None:
-        url = f"{url} ({host}:{port})"  # where the server says it listens, as it says it
-    fields = {k: info[k] for k in _SGLANG_FIELDS if k in info}
-    if ranks:
-        fields["internal_states"] = [
-            {k: r[k] for k in ("dp_rank", "max_total_num_tokens", "max_req_input_len") if k in r}
-            for r in ranks
-        ]
-    return SideFacts(
-        role=role,
-        url=url,
-        pool_tokens=pool,
-        max_input_tokens=max_input,
-        context_tokens=as_int(info.get("context_length")),
-        page_size=as_int(info.get("page_size")),
-        source=source,
-        fields=fields,
-    )
-
-
-def _vllm_pools(text: str) -> list[tuple[str, int | None, int | None, dict[str, str]]] | None:
-    """(engine, pool tokens, block size, labels) per `vllm:cache_config_info` sample."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    found: list[tuple[str, int | None, int | None, dict[str, str]]] = []
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if not sample.name.endswith("cache_config_info"):
-                    continue
-                labels = dict(sample.labels)
-                blocks = as_int(labels.get("num_gpu_blocks"))
-                block_size = as_int(labels.get("block_size"))
-                pool = blocks * block_size if blocks and block_size else None
-                found.append((labels.get("engine", "0"), pool, block_size, labels))
-    except ValueError:
-        return None  # not Prometheus text (an HTML page, a proxy's error body)
-    return found or None
-
-
-def _yield_of_sides(sides: Sequence[SideFacts]) -> str:
-    if not sides:
-        return "no sides"
-    return "; ".join(
-        f"{s.role}: pool_tokens={s.pool_tokens}, max_input_tokens={s.max_input_tokens}, "
-        f"context_tokens={s.context_tokens}, page_size={s.page_size}"
-        for s in sides
-    )
 
 
 __all__ = [

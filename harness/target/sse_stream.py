@@ -1,69 +1,34 @@
 """Reading one OpenAI-style completion response: byte metering and chunk interpretation.
 
-`MeteredStream` sits between httpx and the SSE decoder (`httpx-sse`): it stamps when each
-network read arrived and stops a response that grows past its byte bound, so a huge or
-never-ending body costs bounded memory. `Transcript` turns decoded events (or one
-non-streaming JSON body) into text, usage, finish reason and the first-token time.
+`MeteredStream` (`harness.target.bounded`) sits between httpx and the SSE decoder
+(`httpx-sse`): it stamps when each network read arrived, undoes the content-encoding and
+stops a response whose decoded bytes grow past its byte bound, so a huge, never-ending or
+inflating body costs bounded memory. `Transcript` turns decoded events (or one
+non-streaming JSON body) into text, usage, finish reason and the first-token time; JSON is
+parsed with depth limits and lone surrogates replaced (`harness.target.bounded.loads`), and a
+usage count that is negative or above `MAX_TOKEN_COUNT` is a violation.
 
-Both raise only the two exceptions defined here, for the target's misbehaviour; the mapping
-of every error to an `ErrorKind` lives in one place, `harness.target.client`. This module knows
-nothing about plans, tenants or HTTP status codes.
+Both raise only the two exceptions of `harness.target.bounded`, for the target's
+misbehaviour; the mapping of every error to an `ErrorKind` lives in one place,
+`harness.target.client`. This module knows nothing about plans, tenants or HTTP status codes.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from harness.record.observation import Usage
+from harness.target.bounded import MeteredStream, ResponseTooLarge, StreamViolation, excerpt, loads
 
 DONE_SENTINEL = "[DONE]"
+MAX_TOKEN_COUNT = 10**12
+"""A usage count above this is not a count (no context or output is a trillion tokens)."""
 _TEXT_FIELDS = ("reasoning_content", "reasoning", "content")
 """Delta fields scanned as response text. Reasoning comes first in a stream and may quote
 stale pages as readily as the answer does, so it is part of the text the detectors see."""
-
-
-class StreamViolation(Exception):
-    """The target sent something an OpenAI-compatible server must not (maps to `protocol`)."""
-
-
-class ResponseTooLarge(Exception):
-    """The response passed the per-response byte bound (maps to `too_large`)."""
-
-
-class MeteredStream(httpx.AsyncByteStream):
-    """Wraps a response body: stamps network reads and enforces a byte bound."""
-
-    def __init__(self, inner: httpx.AsyncByteStream, max_bytes: int) -> None:
-        self._inner = inner
-        self._max_bytes = max_bytes
-        self.num_bytes = 0
-        self.t_first_read_ns: int | None = None
-        self.t_last_read_ns: int | None = None
-        """When the read that completed the most recently decoded event arrived: the
-        decoders pull lazily, so every event is yielded before the next read happens."""
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            now = time.perf_counter_ns()
-            if self.t_first_read_ns is None:
-                self.t_first_read_ns = now
-            self.t_last_read_ns = now
-            room = self._max_bytes - self.num_bytes
-            self.num_bytes += len(chunk)
-            if len(chunk) > room:
-                if room > 0:  # what fits is still read, so a bounded response keeps its text
-                    yield chunk[:room]
-                raise ResponseTooLarge(f"response exceeded {self._max_bytes} bytes; rest dropped")
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 @dataclass(slots=True)
@@ -96,7 +61,7 @@ class Transcript:
             self.saw_done = True
             return
         if event == "error":
-            raise StreamViolation(f"error event in stream: {_excerpt(data)}")
+            raise StreamViolation(f"error event in stream: {excerpt(data)}")
         if not data:
             return  # an event with no data field (e.g. a bare `event:` or `id:`)
         self._take_object(_parse_json(data), "delta", t_arrived_ns)
@@ -113,14 +78,12 @@ class Transcript:
             raise StreamViolation(f"expected a JSON object, got {type(obj).__name__}")
         if obj.get("error"):
             raise StreamViolation(
-                f"error object after HTTP 200: {_excerpt(json.dumps(obj['error']))}"
+                f"error object after HTTP 200: {excerpt(json.dumps(obj['error']))}"
             )
         choices = obj.get("choices") or []
         if not isinstance(choices, list):
             raise StreamViolation("`choices` is not a list")
         delta = "".join(self._take_choice(choice, text_holder) for choice in choices)
-        if "usage" in obj and obj["usage"] is not None:
-            self.usage = _parse_usage(obj["usage"])
         if delta:
             self.num_chunks += 1
             if self.t_first_token_ns is None:
@@ -128,6 +91,8 @@ class Transcript:
             self.parts.append(delta)
             if self.on_text is not None:
                 self.on_text(delta)
+        if "usage" in obj and obj["usage"] is not None:  # after the text, which is kept
+            self.usage = _parse_usage(obj["usage"])
 
     def _take_choice(self, choice: Any, text_holder: str) -> str:
         if not isinstance(choice, dict):
@@ -154,10 +119,7 @@ def _text_of(value: Any, name: str) -> str:
 
 
 def _parse_json(data: str) -> Any:
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise StreamViolation(f"malformed JSON: {_excerpt(data)}") from None
+    return loads(data)
 
 
 def _parse_usage(raw: Any) -> Usage:
@@ -178,8 +140,17 @@ def _count(value: Any, name: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise StreamViolation(f"`usage.{name}` is not an integer")
+    if not 0 <= value <= MAX_TOKEN_COUNT:
+        shown = str(value) if abs(value) < 10**20 else f"a {len(str(abs(value)))}-digit number"
+        raise StreamViolation(f"`usage.{name}` is out of range ({shown})")
     return value
 
 
-def _excerpt(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+__all__ = [
+    "DONE_SENTINEL",
+    "MAX_TOKEN_COUNT",
+    "MeteredStream",
+    "ResponseTooLarge",
+    "StreamViolation",
+    "Transcript",
+]

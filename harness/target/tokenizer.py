@@ -26,6 +26,10 @@ import httpx
 
 from canaries import TAG, CanaryError, RemoteTokenizer, Tokenizer
 from canaries.errors import ConfigError, RunIncomplete
+from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from harness.target.discovery_fetch import post_bounded
+from harness.target.server_facts import as_int
+from harness.target.sse_stream import MAX_TOKEN_COUNT
 from tenants.planner import CHAT_INSTRUCTION
 from tenants.tenant import Tenant
 
@@ -88,6 +92,10 @@ class ServerTokenizer:
             raise RunIncomplete(f"the target's tokenize route failed: {exc}") from None
 
 
+_NO_USAGE = (httpx.HTTPError, ResponseTooLarge, StreamViolation, ValueError, LookupError, TypeError)
+"""What a chat answer without a usable `usage.prompt_tokens` raises while it is read."""
+
+
 async def chat_overhead(
     http: httpx.AsyncClient,
     base_url: str,
@@ -115,9 +123,11 @@ async def chat_overhead(
     }
     url = f"{base_url.rstrip('/')}/v1/chat/completions"
     try:
-        response = await http.post(url, json=body, headers=tenant.auth_headers())
-        prompt_tokens = int(response.json()["usage"]["prompt_tokens"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        _, content = await post_bounded(http, url, json_body=body, headers=tenant.auth_headers())
+        prompt_tokens = as_int(loads(content)["usage"]["prompt_tokens"])
+        if prompt_tokens is None or prompt_tokens > MAX_TOKEN_COUNT:
+            raise ValueError("usage.prompt_tokens is not a token count")
+    except _NO_USAGE as exc:
         raise ConfigError(
             f"cannot measure the chat template's size at {url} ({type(exc).__name__}: no "
             "usage in its answer); use --api completions"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -351,7 +352,7 @@ def test_sigterm_while_the_reports_are_written_says_how_to_render_them(tmp_path:
     if ended_before:
         assert (tmp_path / "report.html").exists()
         return
-    rendered = (tmp_path / "report.html").exists() and proc.returncode in (0, 1)
+    rendered = (tmp_path / "report.html").exists() and proc.returncode in (0, 1, 3)
     unrendered = proc.returncode == 3 and f"run `kvcanary report {tmp_path}`" in stderr
     assert rendered or unrendered, (proc.returncode, stderr)
 
@@ -495,6 +496,34 @@ def test_a_target_that_dies_mid_run_is_reported_and_inconclusive(
     assert summary["verdict"] == "inconclusive"
     assert status == 3
     assert "stopped serving" in printed.out  # the verdict line says why
+
+
+def test_a_full_disk_mid_journal_stops_the_run_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.record.journal import JournalWriter
+
+    real_write = JournalWriter.write
+    num_writes = 0
+
+    def write(self: JournalWriter, event: Any) -> None:
+        nonlocal num_writes
+        num_writes += 1
+        if num_writes > 25:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(self, event)
+
+    monkeypatch.setattr(JournalWriter, "write", write)
+    out = tmp_path / "run"
+    with serve(fake_target()) as url:
+        status = main(["run", "--target", url, *LIMIT_FLAGS, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert status == 3
+    assert "cannot write the journal" in err
+    assert "No space left on device" in err
+    assert "Traceback" not in err
+    rows = records(out)  # what was written is whole
+    assert len(rows) == 25
 
 
 def test_run_refuses_an_out_that_holds_a_run(

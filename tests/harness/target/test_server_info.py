@@ -20,6 +20,7 @@ from recorded_targets import (
     vllm_routes,
 )
 
+from harness.target.discovery_fetch import Fetcher
 from harness.target.server_info import (
     REFERENCE_ENGINE_VERSION,
     EngineFacts,
@@ -172,16 +173,17 @@ async def test_misbehaving_target_is_recorded_never_raised() -> None:
     ]
 
 
-async def test_unreachable_target_is_tried_once_and_the_rest_marked_not_tried() -> None:
+async def test_unreachable_target_is_tried_once_per_parallel_request_and_then_not_again() -> None:
     async with mock_client({}) as client:
         facts = await read_engine_facts(client, "http://nowhere:1")
     assert not facts.reachable
     assert facts.engine == "unknown"
-    first, *rest = facts.attempts
-    assert first.error is not None
-    assert first.error.startswith("unreachable: ConnectError")
-    assert rest
-    assert all(a.yielded == "not tried" for a in rest)
+    tried = [a for a in facts.attempts if a.yielded != "not tried"]
+    # the server info and the model list are asked at once; nothing after that is asked
+    assert [a.url.rsplit("/", 1)[1] for a in tried] == ["get_server_info", "models"]
+    assert all((a.error or "").startswith("unreachable: ConnectError") for a in tried)
+    not_tried = [a.url.rsplit("/", 1)[1] for a in facts.attempts if a.yielded == "not tried"]
+    assert not_tried == ["metrics"]  # the SGLang alias is not asked after no answer either
 
 
 async def test_headers_reach_every_request() -> None:
@@ -231,3 +233,55 @@ async def test_figures_may_arrive_as_strings_or_floats(value: object) -> None:
 async def test_nonsense_figures_are_unknown(value: object) -> None:
     facts, _ = await facts_of({"GET /get_server_info": json_reply({"max_total_num_tokens": value})})
     assert facts.sides[0].pool_tokens is None
+
+
+async def test_nothing_is_asked_when_the_flags_gave_the_model_and_the_limits() -> None:
+    waits: list[str] = []
+    facts, target = await facts_of(
+        sglang_routes(), model_known=True, limits_known=True, on_wait=waits.append
+    )
+    assert target.seen == []
+    assert waits == []
+    assert facts.attempts == ()
+    assert facts.skipped is not None
+    assert facts.reachable  # nothing says it is not
+
+
+async def test_only_the_model_list_is_asked_when_the_limits_were_given() -> None:
+    waits: list[str] = []
+    facts, target = await facts_of(sglang_routes(), limits_known=True, on_wait=waits.append)
+    assert [s.path for s in target.seen] == ["/v1/models"]
+    assert facts.model is not None
+    assert facts.sides == ()
+    assert len(waits) == 1
+    assert "/v1/models" in waits[0]
+
+
+async def test_what_discovery_waits_for_is_told_before_each_round() -> None:
+    waits: list[str] = []
+    await facts_of(
+        {"GET /v1/models": json_reply({"data": [{"id": "m"}]})},
+        on_wait=waits.append,
+        timeout_s=3.0,  # below the client's own read timeout (httpx: 5 s)
+    )
+    assert len(waits) == 2
+    assert "/get_server_info" in waits[0]
+    assert "/v1/models" in waits[0]
+    assert "/metrics" in waits[1]
+    assert all("3 s" in w for w in waits)
+
+
+@pytest.mark.parametrize(("client_read_s", "expected_s"), [(2.0, 2.0), (300.0, 10.0), (None, 10.0)])
+async def test_each_endpoint_waits_the_shorter_of_ten_seconds_and_the_clients_read_timeout(
+    client_read_s: float | None, expected_s: float
+) -> None:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=client_read_s)) as client:
+        assert Fetcher(client, BASE, None).timeout_s == expected_s
+
+
+@pytest.mark.parametrize("model_id", ["x" * 600, "two\nlines", "", "   ", 7])
+async def test_a_model_id_that_is_no_model_name_is_not_taken(model_id: object) -> None:
+    card = {"id": model_id, "max_model_len": 4096}
+    facts, _ = await facts_of({"GET /v1/models": json_reply({"data": [card]})})
+    assert facts.model is None
+    assert facts.context_tokens == 4096
