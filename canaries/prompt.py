@@ -162,7 +162,9 @@ def _too_many(n: int, page_size: int) -> CanaryError:
 
 
 def _prose(tokenizer: Tokenizer, seed: int) -> Prose:
-    key = (tokenizer.name, tokenizer.vocab_size, seed)
+    # by object: a server tokenizer is bound to one event loop, and the cached Prose keeps
+    # the tokenizer alive, so its id is not reused while the entry exists
+    key = (tokenizer.name, tokenizer.vocab_size, seed, id(tokenizer))
     prose = _prose_cache.get(key)
     if prose is None:
         if len(_prose_cache) >= _PROSE_CACHE_SIZE:

@@ -7,23 +7,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from llamacpp_support import N_CTX, N_PARALLEL, SERVE_SCRIPT, START_DEADLINE_S, LlamaServer
 from tiny_gguf import TinyModel, build_tiny_model
-
-N_CTX, N_PARALLEL = 1024, 2
-N_CTX_PER_SLOT = N_CTX // N_PARALLEL
-_SERVE = Path(__file__).parent / "serve_llamacpp.py"
-_START_DEADLINE_S = 120.0  # generous: a loaded CI machine
-
-
-@dataclass(frozen=True)
-class LlamaServer:
-    url: str
-    model: TinyModel
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +49,13 @@ class _serving:
 
     def __enter__(self) -> str:
         self.log = self.log_path.open("w")
-        command = [sys.executable, str(_SERVE), str(self.model.gguf), str(N_CTX), str(N_PARALLEL)]
+        command = [
+            sys.executable,
+            str(SERVE_SCRIPT),
+            str(self.model.gguf),
+            str(N_CTX),
+            str(N_PARALLEL),
+        ]
         self.process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
         )
@@ -77,7 +72,7 @@ class _serving:
             raise
 
     def _wait_healthy(self, url: str) -> None:
-        deadline = time.monotonic() + _START_DEADLINE_S
+        deadline = time.monotonic() + START_DEADLINE_S
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{url}/health", timeout=10.0).status_code == 200:

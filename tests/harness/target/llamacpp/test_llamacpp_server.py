@@ -9,9 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from llamacpp_support import N_CTX_PER_SLOT, LlamaServer
 
 from canaries import RemoteTokenizer, load_tokenizer
-from conftest import N_CTX_PER_SLOT, LlamaServer
 from harness.cli import main
 from harness.detectors.protocol import ProtocolDetector
 from harness.target.calibration import measure_prompt_token_offset
