@@ -98,7 +98,7 @@ class EngineConfig:
     dtype: str = "float32"
     """The KV pools' element type: float32, bfloat16 or float16 (pages on the wire too)."""
     seed: int = 0
-    copy_noise: float = 0.4
+    copy_noise: float = 0.3
     """The recall model's copying, 0 (exact page-aligned quotes) .. 1 (noisy): content-dependent
     slips, substitutions and drift, seeded by `seed` (model/recall.py, recall_schedule.py)."""
     # model size (model/transformer.py); the last layer is the recall layer

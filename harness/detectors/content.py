@@ -33,11 +33,11 @@ read as a recombination of the request's *own* prompt text is an echo (`own_echo
 `ResponseScan.own_echoes` and journaled by the runner as an `OwnEchoRecorded` event), never a
 finding. "Recombination" is as loose as a budget allows: the chance that a canary of another
 run (whose words are uniform on the word list, independent of this prompt) passes as an echo
-must stay at or below `ECHO_HIDE_BOUND` (1e-6 per marker). For a prompt with u distinct list
-words that is reached by any order, any mixture ((u/B)^w <= 1e-6: prompts up to about 600
+must stay at or below `ECHO_HIDE_BOUND` (1e-3 per marker). For a prompt with u distinct list
+words that is reached by any order, any mixture ((u/B)^w <= 1e-3: prompts up to about 2,200
 tokens); for longer prompts the marker must split into at most `max_pieces` contiguous runs
 of the prompt's words, the largest count that keeps the union bound over splits below the
-budget (e.g. 4 for 4,096-token prompts, 2 for 1M-token ones). A marker with a word from no
+budget (e.g. 5 for 4,096-token prompts, 3 for 1M-token ones). A marker with a word from no
 part of this prompt is always `unknown_canary`.
 
 **Redaction.** The response text around a foreign canary may be another customer's data.

@@ -13,14 +13,14 @@ so the chance that one passes as an echo can be bounded, and must stay at or bel
 
 - **any order, any mixture** (every word occurs somewhere in the prompt): exactly
   (u/B)^w, with u the prompt's distinct list words. Used when that is within budget
-  (prompts up to about 600 tokens at one canary per 10 tokens);
+  (prompts up to about 2,200 tokens);
 - **at most m contiguous pieces**: the marker splits into m runs, each a run of
   consecutive words of the prompt. By the union bound over the splits, a split into
   pieces of lengths l_1 (holding the tag) .. l_k passes with probability at most
   P_tag(l_1) * prod P(l_i), where P_tag(1) = 1, P_tag(l) = min(1, C / B^(l-1)) for C tags,
   P(1) = u / B and P(l) = min(1, M / B^l) for M prompt words. m is the largest count whose
-  sum over all splits of at most m pieces stays within budget: e.g. 4 for a 4,096-token
-  prompt, 3 from 16k to 128k tokens, 2 for 1M tokens.
+  sum over all splits of at most m pieces stays within budget: e.g. 5 for a 4,096-token
+  prompt, 4 from 16k to 128k tokens, 3 for 1M tokens.
 
 It knows nothing about scanning or findings.
 """
@@ -34,7 +34,7 @@ from canaries import TAG, WORDS, fold
 from canaries.shape import WORD_INDEX
 from canaries.span import CanarySpan
 
-ECHO_HIDE_BOUND = 1e-6
+ECHO_HIDE_BOUND = 1e-3
 """The most probability a marker of another run may have of being taken for an own echo."""
 
 

@@ -140,10 +140,10 @@ def test_a_long_prompt_does_not_explain_a_word_by_word_mixture(laced: Laced) -> 
     """With every list word in a long prompt, 'any order' would hide any foreign marker."""
     plan = laced.plan(0, 9, 4096)
     own = OwnText(plan.prompt)
-    assert own.max_pieces(7) == 4
+    assert own.max_pieces(7) == 5
     spans = plan.canaries
     marker = [TAG] + [spans[10 * i].text.split()[1 + i] for i in range(6)]  # 6 places
-    assert own.min_pieces(marker) > 4
+    assert own.min_pieces(marker) > 5
     findings, num_echoes = scan(laced, plan, "so: " + " ".join(marker) + ".")
     assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY]
     assert num_echoes == 0
@@ -178,5 +178,5 @@ def test_the_hide_chance_budget_shrinks_pieces_as_prompts_grow() -> None:
         own = OwnText("")
         own.num_list_words, own.words, own.num_tags = num_list_words, ["x"] * num_words, num_tags
         allowed.append(own.max_pieces(7))
-    assert allowed == [7, 5, 4, 2]
-    assert (150 / 3480) ** 6 <= ECHO_HIDE_BOUND < (560 / 3480) ** 6
+    assert allowed == [7, 7, 5, 3]
+    assert (1000 / 3480) ** 6 <= ECHO_HIDE_BOUND < (1770 / 3480) ** 6
