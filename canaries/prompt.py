@@ -43,7 +43,7 @@ from canaries.tokenizer import Tokenizer
 Filler = Literal["prose", "none"]
 _MAX_REPAIRS = 32
 _PROSE_CACHE_SIZE = 64
-_prose_cache: dict[tuple[str, int, int], Prose] = {}
+_prose_cache: dict[tuple[str, int, int, int], Prose] = {}
 
 
 @dataclass(frozen=True, slots=True)
