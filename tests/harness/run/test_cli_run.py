@@ -79,6 +79,10 @@ def fake_target(
             message = f"{num_tokens} tokens is too long (request had {auth})"
             await _json(send, 400, {"error": {"message": message}})
             return
+        if not request.get("stream", True):  # the calibration request: answered at once
+            usage = {"prompt_tokens": num_tokens, "completion_tokens": 1}
+            await _json(send, 200, {"choices": [{"index": 0, "text": " word"}], "usage": usage})
+            return
         await send(
             {
                 "type": "http.response.start",

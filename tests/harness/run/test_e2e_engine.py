@@ -67,13 +67,13 @@ def test_the_hardened_engine_is_clean(tmp_path: Path, capsys: pytest.CaptureFixt
     from reference_engine.server.launch import running_engine
 
     with running_engine("hardened", context_length=SMALL_CONTEXT) as engine:
-        status = _run_against(engine.base_url, tmp_path, "--requests", "200", "--concurrency", "2")
+        status = _run_against(engine.base_url, tmp_path, "--requests", "120", "--concurrency", "2")
     printed = capsys.readouterr()
     assert status == 0, printed.out
     result = summary(tmp_path)
     assert result["verdict"] == "clean"
     assert result["counts"]["findings_total"] == 0
-    assert result["counts"]["requests"]["total"] == 200
+    assert result["counts"]["requests"]["total"] == 120
     assert result["evidence"]["num_above_limit_answered"] > 0
     assert printed.out.startswith("verdict: CLEAN")
 
