@@ -5,10 +5,10 @@ server that prepends a BOS token is not a mismatch; one that reports usage 1 for
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 
 import pytest
 from recorded_targets import Handler, RecordedTarget, Reply, Seen, mock_client
+from word_tokenizer import WordTokenizer
 
 from canaries.errors import ConfigError
 from harness.detectors.protocol import ProtocolDetector
@@ -22,22 +22,6 @@ from tenants.tenant import Tenant
 BASE = "http://target"
 TENANT = Tenant(name="tenant-0")
 LIMITS = Limits(pool_tokens=8192, context_tokens=8192, page_size=16, source="flags")
-
-
-class WordTokenizer:
-    """One token per whitespace-separated word (the fake servers count the same way)."""
-
-    name = "words"
-    vocab_size = 0
-
-    def encode(self, text: str) -> list[int]:
-        return list(range(len(text.split())))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
-
-    def count(self, text: str) -> int:
-        return len(text.split())
 
 
 def completions(*, num_special: int, placeholder_above: int | None = None) -> Handler:

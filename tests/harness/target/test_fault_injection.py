@@ -17,12 +17,13 @@ import struct
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import fault_server
 import httpx
 import misbehaving_server
 import pytest
+from word_tokenizer import WordTokenizer
 
 from canaries.errors import ConfigError
 from harness.record.events import ObservationRecorded, from_record
@@ -261,22 +262,6 @@ async def test_a_reset_before_the_response_head_is_an_observation(resetting_url:
     assert observation.error_kind in ("connect", "protocol"), observation.error
     assert not facts.reachable
     assert all(a.error for a in facts.attempts)
-
-
-class WordTokenizer:
-    """One token per whitespace-separated word."""
-
-    name = "words"
-    vocab_size = 0
-
-    def encode(self, text: str) -> list[int]:
-        return list(range(len(text.split())))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
-
-    def count(self, text: str) -> int:
-        return len(text.split())
 
 
 @pytest.mark.parametrize("fault", ["gzip_bomb", "body_200mb", "deep_json"])
