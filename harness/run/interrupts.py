@@ -3,14 +3,20 @@ second cancels them. SIGTERM (a CI job's timeout, `kill`) is a first Ctrl-C."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextlib
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Protocol
 
 from harness.run.progress import ProgressDisplay
+
+_REDELIVERY_DELAY_S = 0.05
 
 
 class Stoppable(Protocol):
@@ -58,7 +64,13 @@ def interrupts(runner: Stoppable, display: ProgressDisplay) -> Iterator[None]:
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM (a CI job's timeout, `kill`) raises KeyboardInterrupt in the main thread for
     the duration of the block, so what was journaled is still reported or the way to report
-    it is printed. Inside a run, `interrupts` takes over (SIGTERM is a first Ctrl-C)."""
+    it is printed. Inside a run, `interrupts` takes over (SIGTERM is a first Ctrl-C).
+
+    A signal that lands in a finaliser or a weakref callback raises there, where Python
+    drops the exception ("Exception ignored in ..."): the SIGTERM would be lost and a
+    traceback printed. Such a drop is caught by the unraisable hook and the signal delivered
+    again, from another thread, so it is raised in the main thread's own code (if it lands
+    in a callback again, it is delivered again)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -66,8 +78,34 @@ def sigterm_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    previous_hook = sys.unraisablehook
+
+    def redeliver_dropped(unraisable: sys.UnraisableHookArgs) -> None:
+        if _raised_by(unraisable.exc_traceback, interrupt):
+            _thread.start_new_thread(_interrupt_main_soon, ())
+            return
+        previous_hook(unraisable)
+
     previous = signal.signal(signal.SIGTERM, interrupt)
+    sys.unraisablehook = redeliver_dropped
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
+
+
+def _interrupt_main_soon() -> None:
+    """Deliver SIGTERM again once the hook that dropped it has returned (a thread that is
+    not waited for: the hook must return before the signal is raised, or it is dropped
+    again)."""
+    time.sleep(_REDELIVERY_DELAY_S)
+    _thread.interrupt_main(signal.SIGTERM)
+
+
+def _raised_by(traceback: TracebackType | None, handler: Callable[..., object]) -> bool:
+    """Whether the exception of `traceback` was raised by `handler` itself."""
+    last = traceback
+    while last is not None and last.tb_next is not None:
+        last = last.tb_next
+    return last is not None and last.tb_frame.f_code is handler.__code__
