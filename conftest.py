@@ -3,6 +3,10 @@
 A run that collects no test is a broken run (a wrong path, a renamed folder, an import
 error swallowed by a filter), never a pass: pytest's exit status 5 is turned into a failure
 with a message that says so.
+
+Tests marked `soak` (the 20-minute soak) are deselected unless the `-m` expression names
+`soak` (`pytest -m soak`): not by `addopts`, since a `-m "not slow"` on the command line
+would replace that and run them.
 """
 
 from __future__ import annotations
@@ -19,3 +23,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 "kvcanary: no tests ran; that is a failure here (check the test paths / -k).",
                 red=True,
             )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "soak" in (config.getoption("markexpr", "") or ""):
+        return
+    soaks = [item for item in items if item.get_closest_marker("soak") is not None]
+    if soaks:
+        config.hook.pytest_deselected(items=soaks)
+        items[:] = [item for item in items if item.get_closest_marker("soak") is None]

@@ -20,6 +20,7 @@ import os
 import platform
 import random
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -126,14 +127,15 @@ def bench_scan() -> list[str]:
     words_only = " ".join(random.Random(4).choice(WORDS) for _ in range(1_500_000))
     mb = len(text) / 1e6
 
-    def scan(body: str, chunk: int) -> int:
-        scanner = index.scanner()
+    def scan(body: str, chunk: int, reference: bool = False) -> int:
+        scanner = index.scanner(reference=reference)
         hits = 0
         for start in range(0, len(body), chunk):
             hits += len(scanner.feed(body[start : start + chunk]))
         return hits + len(scanner.finish())
 
     num_hits = scan(text, 1 << 20)
+    assert num_hits == scan(text, 1 << 20, reference=True)
     # a response that quotes a whole laced prompt: every canary in it is a hit
     laced = build_prompt(
         load_tokenizer("cl100k_base"), minter, tenant=1, request=0, num_tokens=NUM_TOKENS
@@ -142,6 +144,14 @@ def bench_scan() -> list[str]:
     echo_index.add_many((span.text, Owner("t", "echo")) for span in laced.canaries)
     echo_hits = len(echo_index.scan(laced.text))
     assert echo_hits == len(laced.canaries)
+
+    def echo(reference: bool = False) -> int:
+        scanner = echo_index.scanner(reference=reference)
+        return len(scanner.feed(laced.text) + scanner.finish())
+
+    events = text[: 1 << 21]  # an SSE stream: one ~4-character token per event
+    echo_mb, events_mb = len(laced.text) / 1e6, len(events) / 1e6
+    per_event = len(events) / 4 / 1e6  # millions of events, for µs per event
     one = live[12345]
 
     def find_loop(body: str = text) -> int:
@@ -154,13 +164,30 @@ def bench_scan() -> list[str]:
     alternation = re.compile("|".join(map(re.escape, chosen)))
     tagless = re.compile("|".join(re.escape(canary.split(" ", 1)[1]) for canary in chosen))
     sample = text[: 8 * 1024 * 1024]
+    sse, sse_ref = best_of(lambda: scan(events, 4), 3), best_of(lambda: scan(events, 4, True), 1)
+    echo_fast, echo_ref = best_of(echo, 3), best_of(lambda: echo(True), 1)
     rows = [
         ("kvcanary scanner, 1 MiB chunks", mb / best_of(lambda: scan(text, 1 << 20), 3)),
+        (
+            "reference path (before), 1 MiB chunks",
+            mb / best_of(lambda: scan(text, 1 << 20, True), 1),
+        ),
         ("kvcanary scanner, 4 KiB chunks", mb / best_of(lambda: scan(text, 4096), 3)),
         ("kvcanary scanner, 64-char chunks", mb / best_of(lambda: scan(text, 64), 1)),
+        ("reference path (before), 64-char chunks", mb / best_of(lambda: scan(text, 64, True), 1)),
+        (f"kvcanary scanner, 4-char SSE events ({sse / per_event:.2f} µs/event)", events_mb / sse),
         (
-            f"kvcanary scanner, echo of a laced 1M-token prompt ({echo_hits:,} hits)",
-            len(laced.text) / 1e6 / best_of(lambda: echo_index.scan(laced.text), 3),
+            f"reference path (before), 4-char events ({sse_ref / per_event:.2f} µs/event)",
+            events_mb / sse_ref,
+        ),
+        (
+            f"kvcanary scanner, echo of a laced 1M-token prompt ({echo_hits:,} hits, "
+            f"{echo_fast / echo_hits * 1e6:.2f} µs/hit)",
+            echo_mb / echo_fast,
+        ),
+        (
+            f"reference path (before), same echo ({echo_ref / echo_hits * 1e6:.2f} µs/hit)",
+            echo_mb / echo_ref,
         ),
         (
             "kvcanary scanner, worst case (only canary words)",
@@ -186,7 +213,8 @@ def main() -> None:
     print("### (a) Building a 1,048,576-token prompt vs one tiktoken encode of it\n")
     print("| page size | canaries | text | build | encode | build / encode |")
     print("|---|---|---|---|---|---|")
-    print("\n".join(bench_build()))
+    if "--scan-only" not in sys.argv:
+        print("\n".join(bench_build()))
     print(f"\n### (b) Scanning with {NUM_LIVE:,} live canaries (64 MB mixed benign text)\n")
     print("| scanner | throughput |")
     print("|---|---|")

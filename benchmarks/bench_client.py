@@ -7,12 +7,14 @@ is CLOCK_MONOTONIC, shared by every process on the host, so the client's first-t
 minus the server's write stamp of the first chunk is the TTFT the client *adds*: loopback
 transit, event-loop queueing, SSE decoding and parsing.
 
-Three clients drive the same server in the same run, in interleaved rounds:
+Four clients drive the same server in the same run, in interleaved rounds:
 
-    harness     harness.target.client.TargetClient (httpx + httpx-sse, byte metering, full parsing)
-    harness+aiohttp  the same TargetClient on httpx-aiohttp's transport, where installed
+    harness     harness.target.client.TargetClient on `make_http_client()`: the default
+                backend (aiohttp I/O under the httpx API), httpx-sse, byte metering, parsing
+    harness+httpcore  the same TargetClient on `backend="httpx"` (httpcore's pool; the
+                default before issue 18)
     httpx-raw   httpx streaming, `aiter_lines` + json.loads, stamp after parsing
-    aiohttp     aiohttp session, line reads + json.loads, stamp after parsing
+    aiohttp     aiohttp session, line reads + json.loads, stamp after parsing (the baseline)
 
 Each scenario runs a closed loop of `concurrency` workers until `num_requests` streams are
 done. Reported per client and concurrency: requests/s, streamed events/s, client CPU per
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import platform
@@ -39,21 +40,19 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import httpx
 
 from harness.target.client import TargetClient, default_limits, make_http_client
+from harness.target.http_client import DEFAULT_BACKEND, Backend
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 
 Message = MutableMapping[str, Any]
-Backend = Literal["httpx", "aiohttp"]
 TENANT = Tenant(name="bench")
-CLIENTS = ["harness", "httpx-raw", "aiohttp"]
-if importlib.util.find_spec("httpx_aiohttp") is not None:  # optional: `pip install httpx-aiohttp`
-    CLIENTS.insert(1, "harness+aiohttp")
+CLIENTS = ["harness", "harness+httpcore", "httpx-raw", "aiohttp"]
 
 
 # -- the server (runs in the subprocess) ------------------------------------------------
@@ -167,7 +166,7 @@ def first_content(line: str) -> str:
 
 
 class HarnessClient:
-    def __init__(self, url: str, concurrency: int, backend: Backend = "httpx") -> None:
+    def __init__(self, url: str, concurrency: int, backend: Backend = DEFAULT_BACKEND) -> None:
         timeout = httpx.Timeout(60.0)
         self._http = make_http_client(max_concurrency=concurrency, timeout=timeout, backend=backend)
         self._target = TargetClient(self._http, url, model="m")
@@ -185,11 +184,11 @@ class HarnessClient:
         await self._http.aclose()
 
 
-class HarnessOnAiohttpClient(HarnessClient):
-    """The same TargetClient with `make_http_client(backend="aiohttp")` (httpx-aiohttp)."""
+class HarnessOnHttpcoreClient(HarnessClient):
+    """The same TargetClient with `make_http_client(backend="httpx")` (httpcore's pool)."""
 
     def __init__(self, url: str, concurrency: int) -> None:
-        super().__init__(url, concurrency, backend="aiohttp")
+        super().__init__(url, concurrency, backend="httpx")
 
 
 class RawHttpxClient:
@@ -239,7 +238,7 @@ class AiohttpClient:
 
 FACTORIES: dict[str, Callable[[str, int], Any]] = {
     "harness": HarnessClient,
-    "harness+aiohttp": HarnessOnAiohttpClient,
+    "harness+httpcore": HarnessOnHttpcoreClient,
     "httpx-raw": RawHttpxClient,
     "aiohttp": AiohttpClient,
 }
@@ -371,7 +370,10 @@ def scenarios(args: argparse.Namespace) -> list[Scenario]:
     roofline = [
         Scenario("", c, max(args.min_requests, c * args.per_worker)) for c in args.concurrency
     ]
-    paced = [Scenario(args.pace, c, c * args.paced_per_worker) for c in args.paced_concurrency]
+    paced = [
+        Scenario(args.pace, c, max(args.min_paced_requests, c * args.paced_per_worker))
+        for c in args.paced_concurrency
+    ]
     return roofline + paced
 
 
@@ -405,14 +407,15 @@ def main() -> None:
     parser.add_argument("mode", nargs="?", default="bench", choices=["bench", "serve"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--paced-concurrency", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--paced-concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--pace", default="p50-20", help="server prefix for paced streams")
     parser.add_argument("--chunks", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--per-worker", type=int, default=8)
     parser.add_argument("--paced-per-worker", type=int, default=3)
     parser.add_argument("--min-requests", type=int, default=300)
+    parser.add_argument("--min-paced-requests", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/bench_client.json"))
     args = parser.parse_args()
     if args.mode == "serve":

@@ -27,6 +27,11 @@ class CanaryCosts:
 
     tag: int
     words: npt.NDArray[np.int64]
+    tag_prefixes: tuple[int, ...] = ()
+    """Tokens of ` `, ` y`, ` yd`: what fills a prompt shorter than a multi-token tag."""
+    pad_prefixes: tuple[int, ...] = ()
+    """Tokens of the prefixes ` `, ` r`, ... of `PAD_WORD`: what pads a canary prefix
+    where no list word is a single token (a byte-level vocabulary)."""
 
     @property
     def max_canary(self) -> int:
@@ -40,6 +45,11 @@ def count_in_context(tokenizer: Tokenizer, piece: str) -> int:
 
 
 _CACHE: dict[tuple[str, int], CanaryCosts] = {}
+PAD_WORD = WORDS[0]
+
+
+def _prefix_costs(tokenizer: Tokenizer, word: str) -> tuple[int, ...]:
+    return tuple(count_in_context(tokenizer, " " + word[:i]) for i in range(len(word)))
 
 
 def canary_costs(tokenizer: Tokenizer) -> CanaryCosts:
@@ -50,5 +60,10 @@ def canary_costs(tokenizer: Tokenizer) -> CanaryCosts:
         words = np.fromiter(
             (count_in_context(tokenizer, " " + word) for word in WORDS), np.int64, len(WORDS)
         )
-        costs = _CACHE[key] = CanaryCosts(tag=count_in_context(tokenizer, " " + TAG), words=words)
+        costs = _CACHE[key] = CanaryCosts(
+            tag=count_in_context(tokenizer, " " + TAG),
+            words=words,
+            tag_prefixes=_prefix_costs(tokenizer, TAG),
+            pad_prefixes=_prefix_costs(tokenizer, PAD_WORD),
+        )
     return costs

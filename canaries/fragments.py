@@ -3,11 +3,12 @@
 A fragment is k consecutive words of a live canary without its tag. A canary's words are
 pseudorandom, independent of any benign text, so a benign k-word window equals a given
 window of a given live canary with probability at most p(k) = max(r, 1 + r/B) * B**-k, with
-B = 3,480 words and r = B**w / 2**D in [1, 4) correcting for the cipher's D-bit range not
-filling all B**w spellings (p(w) = 2**-D exactly). Each character position is read twice
-(`canaries.normalize.fold_readings`: invisible characters deleted, and as spaces), a word
-and its separator take at least 7 characters, so a response of L characters has at most
-R * L / 7 word starts, R = 2 readings, and with V live canaries of w words
+B the minter's alphabet size (3,445 words by default) and r = B**w / 2**D in [1, 4)
+correcting for the cipher's D-bit range not filling all B**w spellings (p(w) = 2**-D
+exactly). Each character position is read twice (`canaries.normalize.fold_readings`:
+invisible characters deleted, and as spaces), a word and its separator take at least 7
+characters, so a response of L characters has at most R * L / 7 word starts, R = 2
+readings, and with V live canaries of w words
 
     P(any benign fragment hit in a response) <= sum over word starts of V * c(k),
     c(k) = (w - k + 1) * p(k),
@@ -25,8 +26,8 @@ response, spent in two zones:
   near zone never grow, which keeps the sum within the rest).
 
 At the defaults (6-word canaries, max_live 2**20, L = 2**20) that is 6 words anywhere and
-5 words in the first 413 characters with 2**20 live canaries, 3,318 with 2**17, 4,354
-with 100,000 and 43,575 with 10,000. Characters that fold to several letters (ligatures
+5 words in the first 413 characters with 2**20 live canaries, 3,353 with 2**17, 4,396
+with 100,000 and 44,016 with 10,000. Characters that fold to several letters (ligatures
 such as U+FB03) could pack word starts more densely than one per 7 characters; benign
 text does not use them for that, and the bound does not cover text crafted to.
 """
@@ -37,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from canaries.mint import CanaryMinter
-from canaries.shape import WORD_LENGTH, WORDS
+from canaries.shape import WORD_LENGTH
 
 FALSE_POSITIVE_RATE = 1e-9
 MAX_LIVE = 1 << 20
@@ -50,7 +51,7 @@ READINGS = 2
 
 def _log2_cost(minter: CanaryMinter, k: int) -> float:
     """log2 of c(k) = (w - k + 1) * p(k) for one canary and one word start."""
-    num_words, base = minter.num_words, len(WORDS)
+    num_words, base = minter.num_words, minter.alphabet.size
     log_r = num_words * math.log2(base) - minter.num_bits
     log_p = (
         -minter.num_bits

@@ -49,6 +49,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from canaries import scanner_fast
 from canaries.errors import CanaryError
 from canaries.fragments import MAX_LIVE, MAX_RESPONSE_CHARS, FragmentRule, fragment_rule
 from canaries.fragments import min_fragment_words as min_fragment_words
@@ -100,6 +101,9 @@ class CanaryIndex:
         self._live: dict[str, Owner] = {}
         # k words -> the canary they open, or (canary, word offset) when they start later
         self._fragments: dict[str, str | tuple[str, int]] = {}
+        # live canary -> its decoded origin, filled on its first hit (the minter's own
+        # cache is smaller than a 1M-token prompt's canaries); at most one per live canary
+        self._origins: dict[str, CanaryOrigin | None] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -139,6 +143,7 @@ class CanaryIndex:
     def discard(self, canary: str) -> None:
         """Forgets a live canary (its hits become attributed-or-unknown)."""
         canary = canary.strip()
+        self._origins.pop(canary, None)
         if self._live.pop(canary, None) is None or self.fragment_words is None:
             return
         words, k = canary.split(" ")[1:], self.fragment_words
@@ -147,16 +152,26 @@ class CanaryIndex:
             if _fragment_entry(self._fragments.get(key))[0] == canary:
                 del self._fragments[key]
 
+    def _live_origins(self, canaries: list[str]) -> list[CanaryOrigin | None]:
+        """The origins of live canaries (as `minter.attribute_canonical` decodes them)."""
+        known = self._origins
+        todo = [canary for canary in canaries if canary not in known]
+        if todo:
+            known.update(zip(todo, self.minter.attribute_canonical(todo), strict=True))
+        return list(map(known.__getitem__, canaries))
+
     def fragment_words_at(self, offset: int) -> int | None:
         """The fragment length required at response `offset` now (None: no fragments)."""
         if self.fragment_rule is None:
             return None
         return self.fragment_rule.words_at(offset, self._peak_live)
 
-    def scanner(self, *, scan_block: int = SCAN_BLOCK) -> StreamScanner:
+    def scanner(self, *, scan_block: int = SCAN_BLOCK, reference: bool = False) -> StreamScanner:
         """A scanner for one response. It scans once `scan_block` new characters have
-        arrived: smaller blocks report hits sooner, larger ones scan faster."""
-        return StreamScanner(self, scan_block=scan_block)
+        arrived: smaller blocks report hits sooner, larger ones scan faster. `reference`
+        runs the pure-Python layers on every block (the oracle the fast path,
+        `canaries.scanner_fast`, is tested against), not only where a canary could be."""
+        return StreamScanner(self, scan_block=scan_block, reference=reference)
 
     def scan(self, text: str) -> list[Hit]:
         """All hits in a complete text."""
@@ -165,7 +180,11 @@ class CanaryIndex:
 
     def _find(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
         """Hits in `buffer` (whose first character is at absolute offset `base`) that end
-        in (after, until], absolute offsets."""
+        in (after, until], absolute offsets: the fast path, `_find_oracle`'s hits."""
+        return scanner_fast.find(self, buffer, base, after, until)
+
+    def _find_oracle(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
+        """`_find` by the pure-Python layers over the whole buffer (the reference)."""
         candidates: list[tuple[int, int, _Match]] = []
         for folded in fold_readings(buffer):
             tags = self._tag_matches(folded.text)
@@ -342,10 +361,13 @@ class _Match:
 class StreamScanner:
     """Scans one streamed response; `feed` chunks as they arrive, then `finish`."""
 
-    def __init__(self, index: CanaryIndex, *, scan_block: int = SCAN_BLOCK) -> None:
+    def __init__(
+        self, index: CanaryIndex, *, scan_block: int = SCAN_BLOCK, reference: bool = False
+    ) -> None:
         if scan_block < 1:
             raise CanaryError(f"scan_block must be positive, got {scan_block}")
         self._index = index
+        self._find = index._find_oracle if reference else index._find
         self._scan_block = scan_block
         self._tail = " "  # a separator before the response's first character
         self._base = -1  # absolute offset of _tail[0]
@@ -385,7 +407,7 @@ class StreamScanner:
         self._pending, self._num_pending = [], 0
         end = self._base + len(buffer)
         until = end - 1 if final else end - HOLDBACK  # final: all but the added separator
-        hits = self._index._find(buffer, self._base, self._decided, until)
+        hits = self._find(buffer, self._base, self._decided, until)
         self._decided = max(self._decided, until)
         keep = HOLDBACK + MAX_MATCH + CONTEXT
         if len(buffer) > keep:

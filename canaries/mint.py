@@ -1,9 +1,11 @@
 """Minting canaries that name their origin to whoever holds the run's key.
 
-A canary is `ydk` plus `num_words` words (see `canaries.shape`). Its words spell, in base
-B = len(WORDS) (3,480; 11.77 bits per word), the encryption under the run key of a D-bit
-number, D the largest even number with 2**D <= B**num_words (70 bits for 6 words, 82 for
-7, 94 for 8, 104 for 9, 116 for 10):
+A canary is `ydk` plus `num_words` words (see `canaries.shape`) of the minter's alphabet
+(`canaries.alphabet`: the words chosen for the target's tokenizer). Its words spell, in
+base B = the alphabet's size (the default, cl100k_base alphabet: 3,445 words, 11.75 bits
+per word), the encryption under the run key of a D-bit number, D the largest even number
+with 2**D <= B**num_words (70 bits for 6 words, 82 for 7, 92 for 8, 104 for 9, 116 for 10
+at the default; at least 66 for 6 words in any alphabet, which has >= 2,048 words):
 
     plaintext = check | tenant | request | index        (most significant field first)
                 D-48    8        22        18  bits      (check bits are all zero)
@@ -16,8 +18,9 @@ number, D the largest even number with 2**D <= B**num_words (70 bits for 6 words
   without the key, distinct for distinct (tenant, request, index).
 - Attribution needs no table: decrypt with the run key; the zero check bits confirm the
   canary is this run's. A canary of another run (another key) decrypts to random bits and
-  passes with probability 2**-(D-48): 2**-22 (2.4e-7) for 6 words, 2**-34 for 7, 2**-46
-  for 8. Digit strings worth 2**D or more are never minted and rejected outright.
+  passes with probability 2**-(D-48): 2**-22 (2.4e-7) for 6 words at the default
+  alphabet, 2**-18 at worst. Digit strings worth 2**D or more, and words outside the
+  alphabet, are never minted and rejected outright.
 
 The key never leaves the minter: `key_id` is 8 hex characters of a keyed hash, safe for
 journals and reports. This module knows nothing about prompts or scanning.
@@ -31,10 +34,12 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from canaries.alphabet import DEFAULT_ALPHABET, MIN_LETTERS, Alphabet
 from canaries.cipher import FeistelCipher, from_digits, to_digits
 from canaries.costs import canary_costs
 from canaries.errors import CanaryError
@@ -65,24 +70,35 @@ class CanaryOrigin:
     index: int
 
 
-def num_cipher_bits(num_words: int) -> int:
-    """D: the largest even number of bits that `num_words` words can spell."""
-    bits = math.floor(num_words * math.log2(len(WORDS)))
+def seed_key(seed: int, run_id: str) -> bytes:
+    """The canary key `CanaryMinter.from_seed` uses (a keyring stores it)."""
+    material = f"{seed}\x00{run_id}".encode()
+    return hashlib.blake2b(material, digest_size=32, person=b"kvcanary-seed").digest()
+
+
+def num_cipher_bits(num_words: int, base: int = DEFAULT_ALPHABET.size) -> int:
+    """D: the largest even number of bits that `num_words` words of `base` letters spell."""
+    bits = math.floor(num_words * math.log2(base))
     bits -= bits % 2
-    assert 2**bits <= len(WORDS) ** num_words
+    assert 2**bits <= base**num_words
     return bits
 
 
 class CanaryMinter:
     """Mints and attributes the canaries of one run key."""
 
-    def __init__(self, key: bytes, *, num_words: int = MIN_WORDS) -> None:
+    def __init__(
+        self, key: bytes, *, num_words: int = MIN_WORDS, alphabet: Alphabet = DEFAULT_ALPHABET
+    ) -> None:
         if len(key) < 16:
             raise CanaryError("a canary key needs at least 16 bytes (128 bits)")
         if not MIN_WORDS <= num_words <= MAX_WORDS:
             raise CanaryError(f"num_words must be {MIN_WORDS}..{MAX_WORDS}, got {num_words}")
+        if alphabet.size < MIN_LETTERS:
+            raise CanaryError(f"a canary alphabet needs {MIN_LETTERS} words, got {alphabet.size}")
         self.num_words = num_words
-        self.num_bits = num_cipher_bits(num_words)
+        self.alphabet = alphabet
+        self.num_bits = num_cipher_bits(num_words, alphabet.size)
         self.num_check_bits = self.num_bits - PAYLOAD_BITS
         sip_key = hashlib.blake2b(key, digest_size=16, person=b"kvcanary-sip").digest()
         self.key_id = hashlib.blake2b(key, digest_size=4, person=b"kvcanary-kid").hexdigest()
@@ -94,20 +110,21 @@ class CanaryMinter:
         self._attributed: OrderedDict[str, CanaryOrigin | None] = OrderedDict()
 
     @classmethod
-    def from_seed(cls, seed: int, run_id: str, **kwargs: int) -> CanaryMinter:
+    def from_seed(cls, seed: int, run_id: str, **kwargs: Any) -> CanaryMinter:
         """A minter whose key is derived from (seed, run_id): reproducible runs. Whoever
         knows both can attribute the run's canaries; use `random()` when that matters."""
-        material = f"{seed}\x00{run_id}".encode()
-        key = hashlib.blake2b(material, digest_size=32, person=b"kvcanary-seed").digest()
-        return cls(key, **kwargs)
+        return cls(seed_key(seed, run_id), **kwargs)
 
     @classmethod
-    def random(cls, **kwargs: int) -> CanaryMinter:
+    def random(cls, **kwargs: Any) -> CanaryMinter:
         """A minter with a fresh 256-bit key from the OS's random source."""
         return cls(secrets.token_bytes(32), **kwargs)
 
     def __repr__(self) -> str:
-        return f"CanaryMinter(key_id={self.key_id!r}, num_words={self.num_words})"
+        return (
+            f"CanaryMinter(key_id={self.key_id!r}, num_words={self.num_words}, "
+            f"alphabet={self.alphabet.alphabet_id!r})"
+        )
 
     def mint(self, tenant: int, request: int, index: int) -> str:
         """The canary of (tenant, request, index), e.g. `ydk settle bishop ...`."""
@@ -120,7 +137,8 @@ class CanaryMinter:
     def mint_digits(
         self, tenant: int, request: int, indices: Sequence[int]
     ) -> npt.NDArray[np.int64]:
-        """Word digits (indices into WORDS), shape (len(indices), num_words)."""
+        """Word digits (indices into WORDS, of words of the alphabet), shape
+        (len(indices), num_words)."""
         if not 0 <= tenant < NUM_TENANTS:
             raise CanaryError(f"tenant number {tenant} outside 0..{NUM_TENANTS - 1}")
         if not 0 <= request < NUM_REQUESTS:
@@ -132,7 +150,8 @@ class CanaryMinter:
         plain = index.astype(np.uint64) | np.uint64(prefix)
         half = np.uint64(self._cipher.half_bits)
         left, right = self._cipher.encrypt(plain >> half, plain & np.uint64((1 << half) - 1))
-        return to_digits(left, right, self._cipher.half_bits, len(WORDS), self.num_words)
+        letters = to_digits(left, right, self._cipher.half_bits, self.alphabet.size, self.num_words)
+        return self.alphabet.digits[letters]
 
     @staticmethod
     def spell(digits: npt.NDArray[np.int64]) -> list[str]:
@@ -173,7 +192,12 @@ class CanaryMinter:
 
     def _decrypt(self, texts: list[str]) -> list[CanaryOrigin | None]:
         digits = np.array([[WORD_INDEX[w] for w in t.split()[1:]] for t in texts], np.int64)
-        left, right, overflow = from_digits(digits, self._cipher.half_bits, len(WORDS))
+        letters = self.alphabet.position[digits]
+        foreign = (letters < 0).any(axis=1)  # a word this alphabet never spells
+        left, right, overflow = from_digits(
+            np.maximum(letters, 0), self._cipher.half_bits, self.alphabet.size
+        )
+        overflow |= foreign
         left, right = self._cipher.decrypt(left, right)
         half = self._cipher.half_bits
         if half < PAYLOAD_BITS:
@@ -204,4 +228,4 @@ class CanaryMinter:
         cl100k_base every canary has exactly this length, 1 + num_words; in tokenizers
         where some words take several tokens it is the longest a canary can be."""
         costs = canary_costs(tokenizer)
-        return costs.tag + self.num_words * costs.max_canary
+        return costs.tag + self.num_words * int(costs.words[self.alphabet.digits].max())

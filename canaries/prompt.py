@@ -16,8 +16,12 @@ fewer tokens than one canary is a prefix of the request's canary 0 (the tag and 
 words; N = 1 is the bare tag ` ydk`) and lists no canary spans.
 
 The prompt is built by construction from pieces whose token counts are known (canary
-pieces from `canaries.costs`, filler from `canaries.prose`) and checked once at the end
-with a single encode. If a tokenizer merged tokens across a piece boundary, the first
+pieces from `canaries.costs`, filler from `canaries.prose`) and checked with one pass of
+the tokenizer over its text. Canaries are minted and laid out a chunk at a time, and each
+chunk's segment of text is counted (in one worker thread, for tokenizers that release the
+GIL) while the next is minted, so a 1M-token prompt costs little more than that pass; a
+short window across each cut between segments is counted too, so a merge at a cut is seen.
+If a tokenizer merged tokens across a piece boundary, the first
 offending boundary is located by bisection and the filler next to it swapped for another
 variant of the same length; if that cannot fix it, `CanaryError`. In cl100k_base every
 piece starts with a space and ends with a letter or punctuation, so boundaries never merge.
@@ -26,22 +30,28 @@ Every prompt starts with a space (the tag's). This module knows nothing about de
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from canaries.costs import CanaryCosts, canary_costs
+from canaries.costs import PAD_WORD, CanaryCosts, canary_costs
 from canaries.errors import CanaryError
 from canaries.mint import NUM_INDICES, CanaryMinter
 from canaries.prose import NUM_VARIANTS, Prose
 from canaries.shape import TAG, WORDS
 from canaries.span import CanarySpan, spans_from_columns
-from canaries.tokenizer import Tokenizer
+from canaries.tokenizer import HuggingFaceTokenizer, TiktokenTokenizer, Tokenizer
 
 Filler = Literal["prose", "none"]
 _MAX_REPAIRS = 32
+_CHUNK_CANARIES = 16384
+"""Canaries minted, laid out and handed to the counting thread at a time (~1/6 of a
+1,048,576-token prompt at page size 16); smaller chunks make minting dearer per canary."""
 _PROSE_CACHE_SIZE = 64
 _prose_cache: dict[tuple[str, int, int, int], Prose] = {}
 
@@ -87,44 +97,230 @@ def build_prompt(
     smallest = costs.tag + minter.num_words * int(costs.words.min())
     stride = smallest if filler == "none" else page_size + 1 - canary_tokens
     num_minted = min(n // stride + 2, NUM_INDICES)
-    digits = minter.mint_digits(tenant, request, range(num_minted))
-    lengths = costs.tag + costs.words[digits].sum(axis=1)
-    if n < lengths[0]:
-        return BuiltPrompt(_canary_prefix(digits[0], n, costs), n, ())
-    starts, num_canaries = _layout(lengths, n, page_size, filler)
-    ends = starts + lengths[:num_canaries]
-    gaps = starts[1:] - ends[:-1]
-    tail = n - int(ends[-1])
+    mint = functools.partial(minter.mint_digits, tenant, request)
+    head = mint(range(1))
+    if n < costs.tag + int(costs.words[head[0]].sum()):
+        return BuiltPrompt(_canary_prefix(head[0], n, costs), n, ())
     prose = _prose(tokenizer, seed) if filler == "prose" else None
-    if prose is not None:
-        variants = np.random.default_rng([seed, tenant, request]).integers(
-            NUM_VARIANTS, size=num_canaries
-        )
-        fill, fill_lens = _gap_fillers(prose, gaps, variants[:-1])
-        tail_text = prose.snippets(tail)[int(variants[-1])]
-    else:
-        fill, fill_lens = [" "] * (num_canaries - 1), np.ones(num_canaries - 1, dtype=np.int64)
-        tail_text = _canary_prefix(digits[num_canaries], tail, costs) if tail else ""
-    canaries = minter.spell(digits[:num_canaries])
-    # parts: " " + canary 0, filler 0 + " ", canary 1, ..., canary K-1, tail; the canary
-    # strings are shared with the spans, and each filler carries the next canary's space
-    parts: list[str] = [""] * (2 * num_canaries)
-    parts[0::2] = canaries
-    parts[0] = " " + canaries[0]
-    parts[1::2] = [*fill, tail_text]
-    text = "".join(parts)
-    width = len(canaries[0])  # every canary of a minter has the same width
-    char_offsets = np.empty(num_canaries, dtype=np.int64)
-    char_offsets[0] = 1
-    np.cumsum(width + fill_lens, out=char_offsets[1:])
-    char_offsets[1:] += 1
-    if tokenizer.count(text) != n:
-        filler_tokens = [*gaps.tolist(), tail]
-        text, char_offsets = _repair(tokenizer, parts, ends, filler_tokens, prose, n)
-    spans = spans_from_columns(
-        canaries, char_offsets.tolist(), starts.tolist(), range(num_canaries)
+    # the first `num_canaries` draws are those of a draw of exactly that many
+    variants = np.random.default_rng([seed, tenant, request]).integers(
+        NUM_VARIANTS, size=num_minted
     )
+    builder = _Builder(tokenizer, minter, prose, variants)
+    with _Counter(tokenizer, num_minted > _CHUNK_CANARIES) as counter:
+        if prose is not None:
+            chunks = _prose_chunks(mint, costs, n, page_size, num_minted)
+        else:
+            digits = mint(range(num_minted))
+            lengths = costs.tag + costs.words[digits].sum(axis=1)
+            starts, num = _layout(lengths, n, page_size, filler)
+            chunks = iter([(digits[:num], starts, lengths[:num])])
+            tail = n - int(starts[-1] + lengths[num - 1])
+            builder.tail_text = _canary_prefix(digits[num], tail, costs) if tail else ""
+        segments: list[str] = []
+        for chunk in chunks:
+            segments.append(counter.submit(*builder.add(*chunk)))
+        segments.append(counter.submit(*builder.finish(n)))
+        for window, expected in builder.boundaries():
+            counter.submit(window, expected)
+        spans = spans_from_columns(
+            builder.canaries, builder.char_offsets(), builder.starts().tolist(), range(builder.num)
+        )
+        exact = counter.all_exact()
+    text = "".join(segments)  # a copy of a few long strings, not of every part again
+    del segments
+    if not exact:
+        ends = builder.starts() + builder.lengths()
+        filler_tokens = [*(builder.starts()[1:] - ends[:-1]).tolist(), builder.tail]
+        text, char_offsets = _repair(tokenizer, builder.parts, ends, filler_tokens, prose, n)
+        spans = spans_from_columns(
+            builder.canaries, char_offsets.tolist(), builder.starts().tolist(), range(builder.num)
+        )
     return BuiltPrompt(text, n, spans)
+
+
+Chunk = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""Word digits, token starts and token lengths of consecutive canaries."""
+
+
+def _prose_chunks(
+    mint: Callable[[range], npt.NDArray[np.int64]],
+    costs: CanaryCosts,
+    n: int,
+    page_size: int,
+    num_minted: int,
+) -> Iterator[Chunk]:
+    """The canaries of a prose-filled prompt, minted and laid out `_CHUNK_CANARIES` at a
+    time, so the first segments are being counted while the later ones are minted.
+
+    Canary i starts at the sum of P + 1 - c_j over j in 1..i; the first one that starts in
+    the last page is the last one needed (the same layout as `_layout`)."""
+    base, prev_end = 0, 0
+    for lo in range(0, num_minted, _CHUNK_CANARIES):
+        digits = mint(range(lo, min(lo + _CHUNK_CANARIES, num_minted)))
+        lengths = costs.tag + costs.words[digits].sum(axis=1)
+        steps = page_size + 1 - lengths
+        if lo == 0:
+            steps[0] = 0
+        starts = base + np.cumsum(steps)
+        last = int(np.searchsorted(starts, n - page_size, side="left"))
+        done = last < len(starts)
+        if done:
+            digits, starts, lengths = digits[: last + 1], starts[: last + 1], lengths[: last + 1]
+            starts[-1] = min(starts[-1], n - lengths[-1])
+        ends = starts + lengths
+        assert starts[0] >= prev_end
+        assert (starts[1:] >= ends[:-1]).all()
+        assert lo == 0 or ends[0] <= base + page_size + 1
+        assert (ends[1:] <= starts[:-1] + page_size + 1).all()
+        if done:
+            assert n - ends[-1] <= page_size - lengths[-1]
+        yield digits, starts, lengths
+        if done:
+            return
+        base, prev_end = int(starts[-1]), int(ends[-1])
+    raise _too_many(n, page_size)
+
+
+class _Builder:
+    """The prompt's parts, built chunk by chunk, and each chunk's segment of text with the
+    tokens it must count to.
+
+    Parts alternate canary and filler: " " + canary 0, filler 0 + " ", canary 1, ..., the
+    tail; the canary strings are shared with the spans, and each filler carries the next
+    canary's space. A segment ends after a canary (the next one starts with a filler's
+    space), so a tokenizer that splits before spaces counts segments additively."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        minter: CanaryMinter,
+        prose: Prose | None,
+        variants: npt.NDArray[np.int64],
+    ) -> None:
+        self._tokenizer, self._minter, self._prose = tokenizer, minter, prose
+        self._variants = variants
+        self.parts: list[str] = []
+        self.canaries: list[str] = []
+        self._offsets: list[npt.NDArray[np.int64]] = []
+        self._starts: list[npt.NDArray[np.int64]] = []
+        self._lengths: list[npt.NDArray[np.int64]] = []
+        self._cuts: list[int] = []
+        """Canary numbers that begin a segment after the first."""
+        self._num_chars = 0
+        self._end = 0
+        self.num = 0
+        self.tail = 0
+        self.tail_text = ""
+
+    def add(
+        self,
+        digits: npt.NDArray[np.int64],
+        starts: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+    ) -> tuple[str, int]:
+        """The chunk's parts; returns its segment (the filler before it included) and the
+        tokens the segment holds."""
+        canaries = self._minter.spell(digits)
+        first, num = self.num, len(canaries)
+        ends = starts + lengths
+        # fill[j]: what precedes canary first + j (a filler and the canary's space)
+        if first == 0:
+            fill, fill_lens = self._fillers(starts[1:] - ends[:-1], self._variants[: num - 1])
+            fill, fill_lens = [" ", *fill], np.concatenate([[1], fill_lens])
+        else:
+            gaps = np.concatenate([[starts[0] - self._end], starts[1:] - ends[:-1]])
+            fill, fill_lens = self._fillers(gaps, self._variants[first - 1 : first + num - 1])
+            self._cuts.append(first)
+        parts: list[str] = [""] * (2 * num)
+        parts[0::2] = fill
+        parts[1::2] = canaries
+        segment = "".join(parts)
+        if first == 0:
+            parts[:2] = [" " + canaries[0]]
+        width = len(canaries[0])  # every canary of a minter has the same width
+        self._offsets.append(
+            self._num_chars + np.cumsum(fill_lens) + np.arange(num, dtype=np.int64) * width
+        )
+        self.parts += parts
+        self.canaries += canaries
+        self._starts.append(starts)
+        self._lengths.append(lengths)
+        num_tokens = int(ends[-1]) - self._end
+        self._num_chars += len(segment)
+        self._end, self.num = int(ends[-1]), first + num
+        return segment, num_tokens
+
+    def _fillers(
+        self, gaps: npt.NDArray[np.int64], variants: npt.NDArray[np.int64]
+    ) -> tuple[list[str], npt.NDArray[np.int64]]:
+        if self._prose is not None:
+            return _gap_fillers(self._prose, gaps, variants)
+        assert not gaps.any()  # without filler, canaries follow each other
+        return [" "] * len(gaps), np.ones(len(gaps), dtype=np.int64)
+
+    def finish(self, n: int) -> tuple[str, int]:
+        """The tail after the last canary, as a segment of its own."""
+        self.tail = n - self._end
+        if self._prose is not None:
+            self.tail_text = self._prose.snippets(self.tail)[int(self._variants[self.num - 1])]
+        self.parts.append(self.tail_text)
+        return self.tail_text, self.tail
+
+    def boundaries(self) -> Iterator[tuple[str, int]]:
+        """A window around each cut between segments, and the tokens it must count to:
+        a tokenizer that merged across a cut miscounts its window."""
+        starts, lengths = self.starts(), self.lengths()
+        for cut in [*self._cuts, self.num]:
+            before = " " + self.canaries[cut - 1]
+            end = int(starts[cut - 1] + lengths[cut - 1])
+            if cut < self.num:
+                after = self.parts[2 * cut - 1] + self.canaries[cut]
+                num_tokens = int(starts[cut] + lengths[cut]) - end
+            else:
+                after, num_tokens = self.tail_text, self.tail
+            yield before + after, int(lengths[cut - 1]) + num_tokens
+
+    def char_offsets(self) -> list[int]:
+        return np.concatenate(self._offsets).tolist()  # type: ignore[no-any-return]
+
+    def starts(self) -> npt.NDArray[np.int64]:
+        return np.concatenate(self._starts)
+
+    def lengths(self) -> npt.NDArray[np.int64]:
+        return np.concatenate(self._lengths)
+
+
+class _Counter:
+    """Counts segments against what they must hold, in order, in one worker thread where the
+    tokenizer releases the GIL (tiktoken, Hugging Face), so counting overlaps building."""
+
+    def __init__(self, tokenizer: Tokenizer, threaded: bool) -> None:
+        self._count = tokenizer.count
+        threaded = threaded and isinstance(tokenizer, TiktokenTokenizer | HuggingFaceTokenizer)
+        self._pool = ThreadPoolExecutor(1, "kvcanary-count") if threaded else None
+        self._checks: list[Future[bool] | bool] = []
+
+    def __enter__(self) -> _Counter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(self, text: str, num_tokens: int) -> str:
+        """Check that `text` holds `num_tokens` tokens (now, or soon in the thread)."""
+        if self._pool is None:
+            self._checks.append(self._count(text) == num_tokens)
+        else:
+            self._checks.append(self._pool.submit(self._exact, text, num_tokens))
+        return text
+
+    def _exact(self, text: str, num_tokens: int) -> bool:
+        return self._count(text) == num_tokens
+
+    def all_exact(self) -> bool:
+        return all(c if isinstance(c, bool) else c.result() for c in self._checks)
 
 
 def _layout(
@@ -191,16 +387,24 @@ def _canary_prefix(digits: npt.NDArray[np.int64], num_tokens: int, costs: Canary
     """The first `num_tokens` tokens of a canary: the tag, then whole words while they fit,
     then one-token words if a multi-token word would overshoot."""
     pieces, remaining = [" " + TAG], num_tokens - costs.tag
-    if remaining < 0:
+    if remaining < 0:  # the tag takes several tokens here: a prefix of the tag, if one fits
+        fits = [i for i, cost in enumerate(costs.tag_prefixes) if cost == num_tokens]
+        if fits:
+            return " " + TAG[: fits[-1]]
         raise CanaryError(f"a {num_tokens}-token prompt is shorter than the canary tag")
     one_token = [i for i in np.flatnonzero(costs.words == 1)[:8].tolist()]
     for digit in digits.tolist() * 2:
         if remaining == 0:
             break
         cost = int(costs.words[digit])
+        if cost > remaining and not one_token:  # the rest is a prefix of one pad word
+            fits = [i for i, c in enumerate(costs.pad_prefixes) if c == remaining]
+            if not fits:
+                raise CanaryError("no canary word piece to pad a short prompt with")
+            pieces.append(" " + PAD_WORD[: fits[-1]])
+            remaining = 0
+            break
         if cost > remaining:
-            if not one_token:
-                raise CanaryError("no one-token canary word to pad a short prompt with")
             digit, cost = one_token[digit % len(one_token)], 1
         pieces.append(" " + WORDS[digit])
         remaining -= cost

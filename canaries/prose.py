@@ -3,9 +3,11 @@
 A small grammar of everyday sentences ("The farmer carried the old lantern across the
 bridge.") is expanded by a seeded `random.Random`, then cut to exactly the requested
 number of tokens at a word boundary; a word that would overshoot is replaced by a
-one-token connective (" and", " then", ...). Every snippet starts with a space and a
-capital letter and ends with a letter or punctuation, so in cl100k_base (and any
-tokenizer that splits before spaces) its count adds exactly to its neighbours'.
+one-token connective (" and", " then", ...), or, in a vocabulary without one (byte-level),
+by the costliest piece of a connective (" an", " a") or a full stop that fits. Every
+snippet starts with a space and a capital letter and ends with a letter or punctuation,
+so in cl100k_base (and any tokenizer that splits before spaces) its count adds exactly to
+its neighbours'.
 
 `Prose(tokenizer, seed).snippets(n)` is a fixed pool of variants per length, built on
 first use; prompts draw from the pool. This module knows nothing about canaries.
@@ -72,8 +74,13 @@ class Prose:
         self._counts: dict[str, int] = {}
         self._pools: dict[int, list[str]] = {}
         self._connectives = [c for c in _CONNECTIVES if self._count(c) == 1]
-        if not self._connectives:
-            raise CanaryError(f"tokenizer {tokenizer.name} has no one-token filler words")
+        # a coarse vocabulary (byte-level) has no one-token word: pieces of words then fill
+        # what is left, the costliest that fits first, so every remainder is reachable
+        self._pads = sorted(
+            {(self._count(p), p) for c in _CONNECTIVES for p in _prefixes(c)}, reverse=True
+        )
+        if not self._connectives and not any(cost == 1 for cost, _ in self._pads):
+            raise CanaryError(f"tokenizer {tokenizer.name} has no one-token filler pieces")
 
     def _count(self, piece: str) -> int:
         count = self._counts.get(piece)
@@ -97,13 +104,20 @@ class Prose:
         while remaining > 0:
             for piece in _sentence(rng):
                 cost = self._count(piece)
-                if cost > remaining:
+                if cost > remaining and self._connectives:
                     piece, cost = rng.choice(self._connectives), 1
+                elif cost > remaining:
+                    cost, piece = next((c, p) for c, p in self._pads if c <= remaining)
                 pieces.append(piece)
                 remaining -= cost
                 if remaining == 0:
                     break
         return "".join(pieces)
+
+
+def _prefixes(connective: str) -> list[str]:
+    """` a`, ` an`, ` and` for ` and`, and a full stop: the pads of a coarse vocabulary."""
+    return [".", *(connective[:i] for i in range(2, len(connective) + 1))]
 
 
 def _sentence(rng: random.Random) -> list[str]:

@@ -8,11 +8,17 @@ compared without being disclosed: `[… 1234 chars redacted, sha256:0123abcd …
 `scrub_secrets` removes credentials a target echoed back (some gateways and debug servers
 quote the Authorization header in error bodies): every occurrence of a tenant's secret is
 replaced by `[credential redacted]`, in raw evidence too.
+
+`redact_quote` does for an error message what `redact` does for a response: the target's
+own words in it (a 5xx body, an error event, a malformed line, quoted after the harness's
+`lead-in: `) may be another customer's data too, so they become the same marker; the
+lead-in, which says what went wrong, stays.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -56,3 +62,22 @@ def scrub_secrets(text: str, secrets: Sequence[str]) -> str:
         if len(secret) >= MIN_SECRET_CHARS and secret in text:
             text = text.replace(secret, SECRET_MARKER)
     return text
+
+
+_EXCEPTION_NAME = re.compile(r"[A-Z][A-Za-z0-9]*: ")
+"""`StreamViolation: ...`, `RemoteProtocolError: ...`: the name before the lead-in."""
+_MARKER = re.compile(r"\[… \d+ chars redacted, sha256:[0-9a-f]{8} …\]")
+
+
+def redact_quote(message: str) -> str:
+    """`message` with everything after its lead-in (up to the first `: `, past a leading
+    exception name) replaced by a marker: `HTTP 500: {...}` -> `HTTP 500: [… 17 chars
+    redacted, sha256:… …]`. A message that quotes nothing (no `: `), or whose quote is
+    already a marker, is returned as it is."""
+    name = _EXCEPTION_NAME.match(message)
+    start = name.end() if name else 0
+    colon = message.find(": ", start)
+    quote = message[colon + 2 :] if colon >= 0 else ""
+    if not quote or _MARKER.fullmatch(quote):
+        return message
+    return message[: colon + 2] + _marker(quote)

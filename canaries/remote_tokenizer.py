@@ -19,12 +19,23 @@ An implausible count from a fixed style is a `CanaryError` naming the endpoint.
 routes have no chat form (the harness measures it from a calibration request instead).
 The caller owns the `httpx.AsyncClient`; transport errors are httpx's, left to the caller;
 a missing route, a malformed answer or an implausible count is a `CanaryError`.
+
+A target's answer is hostile input, so every exchange is bounded: at most `max_bytes` of
+body (`MAX_ANSWER_BYTES`), at most `timeout_s` for the whole exchange (a server that drips a
+byte a second resets httpx's per-read timeout forever), JSON parsed without recursing into a
+nesting bomb. Either bound passed is a `CanaryError` saying which. The body is read by a
+`Post`: by default one that asks for `identity` and refuses a compressed answer rather than
+inflate it; the harness passes its own (`harness.target.tokenizer.bounded_post`), which
+inflates a compressed answer within the same byte bound, as the rest of its client does.
+The target's error bodies are not quoted in messages: they are the target's text, and these
+messages are printed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import json
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,6 +50,15 @@ STYLES: tuple[Style, ...] = ("sglang", "vllm", "llamacpp")
 _PROBE = " ".join(["", TAG, *WORDS[:6], "The river was quiet."])
 _SHORT = " The river was quiet."
 _LONG = _SHORT * 4
+
+MAX_ANSWER_BYTES = 1024 * 1024
+"""A tokenize answer lists one id per token: 1 MiB is about 150,000 tokens of ids."""
+TOKENIZE_TIMEOUT_S = 30.0
+"""The most one tokenize exchange may take, whatever the client's per-read timeout."""
+
+Post = Callable[[str, Mapping[str, Any], Mapping[str, str], int], Awaitable[tuple[int, bytes]]]
+"""`post(url, json_body, headers, max_bytes) -> (status, body)`: one exchange, the body read
+to at most `max_bytes` (else `CanaryError`); transport errors are httpx's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +88,20 @@ class RemoteTokenizer:
         style: Style = "auto",
         headers: Mapping[str, str] | None = None,
         model: str | None = None,
+        post: Post | None = None,
+        max_bytes: int = MAX_ANSWER_BYTES,
+        timeout_s: float = TOKENIZE_TIMEOUT_S,
     ) -> None:
         if style != "auto" and style not in CONVENTIONS:
             raise CanaryError(f"tokenizer style must be auto, {', '.join(STYLES)}, got {style!r}")
+        if not (max_bytes > 0 and timeout_s > 0):
+            raise CanaryError(f"tokenize bounds must be positive, got {max_bytes} B, {timeout_s} s")
         self._client = client
+        self._post_body = post if post is not None else identity_post(client)
+        self._max_bytes = max_bytes
+        client_read = client.timeout.read
+        # never longer than the client would wait for one read
+        self._timeout_s = min(timeout_s, client_read) if client_read else timeout_s
         self._base_url = base_url.rstrip("/")
         self._style: Style = style
         self._headers = dict(headers or {})
@@ -136,13 +166,13 @@ class RemoteTokenizer:
             "messages": [{"role": "user", "content": _PROBE}],
             "add_generation_prompt": True,
         }
-        response = await self._post("/tokenize", body)
-        if response.status_code >= 400:
+        status, answer = await self._post("/tokenize", body)
+        if status >= 400:
             raise CanaryError(
                 f"{self._base_url}/tokenize cannot tokenize chat messages "
-                f"(HTTP {response.status_code}); declare the chat overhead in tokens instead"
+                f"(HTTP {status}); declare the chat overhead in tokens instead"
             )
-        with_template = len(self._parse(response))
+        with_template = len(self._parse("/tokenize", answer))
         bare = await self.count(_PROBE)
         overhead = with_template - bare
         if overhead < 0:
@@ -177,33 +207,74 @@ class RemoteTokenizer:
         body: dict[str, Any] = {convention.text_field: text, **convention.flags}
         if self._model is not None and style != "llamacpp":
             body = {"model": self._model, **body}
-        response = await self._post(convention.route, body)
-        if response.status_code >= 400:
+        status, answer = await self._post(convention.route, body)
+        if status >= 400:
             raise CanaryError(
-                f"{self._base_url}{convention.route} answered HTTP {response.status_code}: "
-                f"{response.text[:200]}"
+                f"{self._base_url}{convention.route} answered HTTP {status} "
+                f"({len(answer)} bytes of error body)"
             )
-        return self._parse(response)
+        return self._parse(convention.route, answer)
 
-    async def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
-        return await self._client.post(self._base_url + route, json=body, headers=self._headers)
-
-    def _parse(self, response: httpx.Response) -> list[int]:
+    async def _post(self, route: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        url = self._base_url + route
         try:
-            payload = response.json()
+            async with asyncio.timeout(self._timeout_s):
+                return await self._post_body(url, body, self._headers, self._max_bytes)
+        except TimeoutError:
+            raise CanaryError(
+                f"{url} sent no complete answer within {self._timeout_s:g} s"
+            ) from None
+
+    def _parse(self, route: str, answer: bytes) -> list[int]:
+        url = self._base_url + route
+        try:
+            payload = json.loads(answer)
             tokens = [_token_id(t) for t in payload["tokens"]]
             count = int(payload.get("count", len(tokens)))
-        except (ValueError, KeyError, TypeError) as exc:
+        except RecursionError:  # the C parser's own guard: a nesting bomb, refused
+            raise CanaryError(f"{url} answered with JSON nested too deeply") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CanaryError(
-                f"malformed tokenize answer from {response.request.url}: {response.text[:200]}"
+                f"malformed tokenize answer from {url} ({len(answer)} bytes)"
             ) from exc
         if count != len(tokens):
-            raise CanaryError(
-                f"{response.request.url} counts {count} but lists {len(tokens)} tokens"
-            )
+            raise CanaryError(f"{url} counts {count} but lists {len(tokens)} tokens")
         if isinstance(payload.get("max_model_len"), int):
             self.max_model_len = payload["max_model_len"]
         return tokens
+
+
+def identity_post(client: httpx.AsyncClient) -> Post:
+    """The default `Post`: asks for the body uncompressed and reads at most `max_bytes` of it
+    as it streams; a compressed answer is refused, not inflated (so no bomb can grow)."""
+
+    async def post(
+        url: str, body: Mapping[str, Any], headers: Mapping[str, str], max_bytes: int
+    ) -> tuple[int, bytes]:
+        request = client.build_request(
+            "POST", url, json=body, headers={**headers, "Accept-Encoding": "identity"}
+        )
+        response = await client.send(request, stream=True)
+        try:
+            coding = response.headers.get("content-encoding", "identity").strip().lower()
+            if coding not in ("", "identity"):
+                raise CanaryError(f"{url} answered {coding}-compressed though asked not to")
+            if response.is_stream_consumed:  # built in memory (a mock transport): whole
+                answer = response.content
+            else:
+                buffer = bytearray()
+                async for chunk in response.aiter_raw():
+                    buffer += chunk
+                    if len(buffer) > max_bytes:
+                        break
+                answer = bytes(buffer)
+            if len(answer) > max_bytes:
+                raise CanaryError(f"{url} answered with more than {max_bytes} bytes; not read")
+            return response.status_code, answer
+        finally:
+            await response.aclose()
+
+    return post
 
 
 def _token_id(token: Any) -> int:

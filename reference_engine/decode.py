@@ -10,6 +10,12 @@ Aborts (client disconnect) are where page lifetime matters. A request whose tran
 be in flight has its pages freed at once in the vulnerable engine, so a late write from its
 prefill lands in whoever gets them next; with `deferred_release` (SGLang #35049) the pages are
 held until prefill acknowledges the drain (`wait_drained`) or `release_timeout_s` passes.
+
+A client can abort mid-transfer only if it has a response to drop: once decode has published
+a request's reservation, `generate` yields `HeadOut` and the HTTP layer sends a stream's head
+then, before the first token, as SGLang streams do. Where a switch can still refuse the
+request when it commits (`HEAD_AFTER_COMMIT`), the head waits for the commit instead, so that
+the refusal stays an HTTP status rather than an error event after a 200.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from reference_engine.finish import FinishAbort
 from reference_engine.interfaces import (
     FinishOut,
     GenerateRequest,
+    HeadOut,
     KVPoll,
     TokenOut,
     TransferBackend,
@@ -39,7 +46,10 @@ from reference_engine.side_base import SideBase
 from reference_engine.tokenizer import Detokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
-Event = TokenOut | FinishOut
+Event = HeadOut | TokenOut | FinishOut
+HEAD_AFTER_COMMIT = frozenset({"admission_retire", "coverage_check", "kv_checksum", "page_tags"})
+"""Switches whose commit can refuse a request that decode took on (prefill's rejection, a
+coverage, checksum or tag mismatch): with any on, a stream's head waits for the commit."""
 
 
 class RequestSink:
@@ -79,6 +89,7 @@ class DecodeServer(SideBase):
         self._background: set[asyncio.Task[None]] = set()
         self._held: dict[str, Req] = {}
         """Aborted requests whose pages wait for prefill's drain ack (`deferred_release`)."""
+        self._early_head = not (config.fixes & HEAD_AFTER_COMMIT)
 
     # ---- DecodeSide -----------------------------------------------------------------------
 
@@ -165,6 +176,9 @@ class DecodeServer(SideBase):
         if not req.is_finished:
             task = asyncio.create_task(self._await_status(req), name=f"status-{req.rid}")
             self._status_tasks[req.rid] = task
+            outputs = self._outputs.get(req.rid)
+            if self._early_head and req.to_finish is None and outputs is not None:
+                outputs.put_nowait(HeadOut())  # only a failed transfer can refuse it now
 
     async def _await_status(self, req: Req) -> None:
         status = await self.transfer.receiver_status(req.room)

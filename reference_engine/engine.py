@@ -21,7 +21,13 @@ from types import TracebackType
 
 from reference_engine.config import EngineConfig
 from reference_engine.decode import DecodeServer
-from reference_engine.interfaces import FinishOut, GenerateRequest, TokenOut, TransferBackend
+from reference_engine.interfaces import (
+    FinishOut,
+    GenerateRequest,
+    HeadOut,
+    TokenOut,
+    TransferBackend,
+)
 from reference_engine.model_runner import ModelRunner
 from reference_engine.prefill import PrefillServer
 from reference_engine.tokenizer import Tokenizer, load_tokenizer
@@ -130,6 +136,8 @@ class DisaggregatedEngine:
                 if isinstance(event, FinishOut):
                     decode_finish = event
                     break
+                if isinstance(event, HeadOut):
+                    continue  # an HTTP stream's head; the result is the tokens and the finish
                 if ttft_s is None:
                     ttft_s = time.perf_counter() - started
                 tokens.append(event)

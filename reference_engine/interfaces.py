@@ -53,6 +53,12 @@ class TokenOut:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadOut:
+    """Decode has taken the request on and nothing but a failed transfer can refuse it now:
+    a stream's response head may go out before the first token (see `decode.py`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class FinishOut:
     """How a request ended, from one side's point of view.
 
@@ -104,8 +110,9 @@ class PrefillSide(Side, Protocol):
 class DecodeSide(Side, Protocol):
     """The decode server: preallocates, receives KV, decodes; its answer reaches the client."""
 
-    def generate(self, req: GenerateRequest) -> AsyncIterator[TokenOut | FinishOut]:
-        """Yield tokens, then exactly one FinishOut. A FinishOut first means no token was made."""
+    def generate(self, req: GenerateRequest) -> AsyncIterator[HeadOut | TokenOut | FinishOut]:
+        """Yield at most one HeadOut, then tokens, then exactly one FinishOut. A FinishOut
+        first means no token was made."""
         ...
 
     async def abort(self, rid: str) -> None: ...

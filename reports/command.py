@@ -3,7 +3,8 @@
 Top-level imports stay light (argparse only) so `kvcanary --help` is instant; pandas and
 matplotlib load inside the handler. Exit status follows the verdict: 0 clean, 1 leak,
 3 inconclusive; 2 for bad usage (no such directory, no journal, an unknown format).
-A report that could not be fully written also exits non-zero (3 unless the verdict is leak).
+A report that could not be fully written also exits non-zero (3 unless the verdict is leak),
+and so does a journal whose plans and observations do not pair up (`reports.accounting`).
 It ends with the same verdict block as `kvcanary run` (`reports.verdict_block`).
 """
 
@@ -75,9 +76,24 @@ def run_report(args: argparse.Namespace) -> int:
         )
     )
     status = result.verdict.exit_status
+    if not _accounted(args.run_dir) and status == 0:
+        return EXIT_RENDER_FAILED
     if result.errors and status == 0:
         return EXIT_RENDER_FAILED
     return status
+
+
+def _accounted(run_dir: Path) -> bool:
+    """Check that every plan has exactly one observation (but those a crash lost); say what
+    a crash lost or tore, and any violation (a defect of kvcanary itself)."""
+    from reports.accounting import account_requests
+
+    accounting = account_requests(run_dir)
+    if accounting.lost_to_crash or accounting.num_torn_lines:
+        print(accounting.describe())
+    for problem in accounting.problems():
+        print(f"kvcanary: report: journal check: {problem}", file=sys.stderr)
+    return accounting.consistent
 
 
 def _journal(run_dir: Path) -> dict[str, Path]:

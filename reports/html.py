@@ -114,11 +114,15 @@ _SHOWN_SETTINGS = frozenset(
 
 def run_settings(summary: dict[str, Any]) -> dict[str, Any]:
     """The settings the Run table lists: none shown elsewhere, none left unset."""
-    return {
+    shown = {
         name: value
         for name, value in summary["settings"].items()
         if name not in _SHOWN_SETTINGS and value is not None and value != []
     }
+    guarantee = summary.get("canaries", {}).get("guarantee")
+    if guarantee:  # what a leaked page can be attributed by (canaries.guarantee)
+        shown["canaries"] = guarantee
+    return shown
 
 
 def clock(t_wall: float | None, start: float | None) -> str:

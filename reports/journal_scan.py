@@ -21,6 +21,7 @@ pass: only lines whose request id a finding names are decoded.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,7 +160,8 @@ def request_table(run_dir: Path, longest_line: int = 0) -> pa.Table:
     num_small = 0  # blocks since the last merge
     for segment in journal_segments(run_dir):
         try:
-            for batch in pa_json.open_json(segment, read_options=block, parse_options=options):
+            lines = pa.PythonFile(_RequestLines(segment), mode="r")
+            for batch in pa_json.open_json(lines, read_options=block, parse_options=options):
                 plans.append(_plans(batch))
                 observations.append(_observations(batch))
                 num_small += 1
@@ -175,6 +177,37 @@ def request_table(run_dir: Path, longest_line: int = 0) -> pa.Table:
     observed = _columns(observations)
     del plans, observations
     return _join(plan, observed)
+
+
+class _RequestLines(io.RawIOBase):
+    """A segment's plan and observation lines only, as a stream of bytes: the other records
+    are decoded as events (`rare_events`) and may reuse a field name with another type (a
+    run start's `canaries` is a table, a plan's a list), which Arrow's one schema cannot
+    read."""
+
+    def __init__(self, path: Path) -> None:
+        self._lines = path.open("rb")
+        self._pending = bytearray()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while len(self._pending) < len(view):
+            line = self._lines.readline()
+            if not line:
+                break
+            if line.startswith(_REQUEST_PREFIXES):
+                self._pending += line
+        num = min(len(view), len(self._pending))
+        view[:num] = self._pending[:num]
+        del self._pending[:num]
+        return num
+
+    def close(self) -> None:
+        self._lines.close()
+        super().close()
 
 
 def _merge_tail(batches: list[pa.RecordBatch], num: int) -> None:

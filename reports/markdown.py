@@ -48,6 +48,9 @@ def render_markdown(
         f"finished: {cell(summary['finished']['reason'] or 'no end record')}.",
         "",
     ]
+    guarantee = summary.get("canaries", {}).get("guarantee")
+    if guarantee:  # what a leaked page can be attributed by (canaries.guarantee)
+        lines += [f"Canaries: {cell(guarantee)}.", ""]
     lines += _leak_lines(summary.get("leaks"))
     if findings:
         lines += [

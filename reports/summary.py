@@ -33,6 +33,7 @@ from reports.checks import check_states
 from reports.frames import OUTCOMES, RunFrames
 from reports.leaks import leak_matrix
 from reports.ttft import journaled_ttft
+from tenants.cost import PlanTotals, Prices
 
 SUMMARY_SCHEMA = 1
 _SCALARS = (bool, int, float, str, type(None))
@@ -60,6 +61,7 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
         "limits": dataclasses.asdict(run.limits) if run is not None else None,
         "seed": run.seed if run is not None else None,
         "canary_key_id": run.canary_key_id if run is not None else None,
+        "canaries": dict(run.canaries) if run is not None else {},
         "tenants": safe_tenants(run.tenants) if run is not None else [],
         "settings": safe_settings(run.settings) if run is not None else {},
         "versions": {
@@ -93,6 +95,7 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
             "findings_by_severity": _value_counts(findings["severity"]),
         },
         "evidence": evidence,
+        "spent": _spent(frames),
     }
     summary["checks"] = {
         check.kind: {"status": check.status, "num_findings": check.num_findings, "why": check.why}
@@ -228,6 +231,34 @@ def safe_settings(settings: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, _SCALARS):
             safe[name] = value
     return safe
+
+
+def _spent(frames: RunFrames) -> dict[str, Any]:
+    """What the run sent, counted as the cost guard counts (`tenants.cost`: every planned
+    prompt token, completions at their `max_tokens`), beside what the target reported."""
+    requests = frames.requests
+    planned = PlanTotals(
+        num_requests=len(requests),
+        num_prompt_tokens=int(requests["num_prompt_tokens"].sum()),
+        num_completion_tokens=int(requests["max_tokens"].sum()),
+    )
+    settings = frames.run.settings if frames.run is not None else {}
+    prices = settings.get("price_per_mtok")
+    priced = Prices(*prices) if isinstance(prices, list | tuple) and len(prices) == 2 else None
+    reported_prompt = int(requests["prompt_tokens"].sum())
+    reported_completion = int(requests["completion_tokens"].sum())
+    return {
+        **planned.to_dict(priced),
+        "num_prompt_tokens_reported": reported_prompt,
+        "num_completion_tokens_reported": reported_completion,
+        "cost_reported": round(priced.cost(reported_prompt, reported_completion), 6)
+        if priced is not None
+        else None,
+        "budget": {
+            name: settings.get(name)
+            for name in ("max_requests", "max_prompt_tokens", "max_cost", "price_per_mtok")
+        },
+    }
 
 
 def _value_counts(column: Any) -> dict[str, int]:

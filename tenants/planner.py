@@ -57,6 +57,64 @@ def request_id(tenant_index: int, request: int) -> str:
     return f"t{tenant_index}-r{request:06d}"
 
 
+def max_tokens_for(profile: WorkloadProfile, intent: Intent) -> int:
+    """The answer length a plan of `intent` asks for."""
+    # an abort plan must still be streaming when it drops: it asks for a probe's length
+    return profile.victim_max_tokens if intent == "victim" else profile.probe_max_tokens
+
+
+def abort_sizes(workload: ResolvedWorkload) -> tuple[ResolvedSize, ...]:
+    """The abort stream's sizes: the profile's, else its first victim size."""
+    return workload.aborts or tuple(
+        ResolvedSize(v.label, v.expr, "abort", v.num_tokens, v.expected)
+        for v in workload.victims[:1]
+    )
+
+
+def sketch_streams(
+    profile: WorkloadProfile, limits: LimitsLike, api: ApiStyle
+) -> dict[Intent, Iterator[RequestPlan]]:
+    """The planner's three streams as plans without prompts, sizes in the same order.
+
+    What a run will cost is known from these before a tokenizer, a key or the target is at
+    hand: a plan's size and answer length do not depend on its tenant or its text.
+    """
+    workload = profile.resolve(limits)
+    sizes: dict[Intent, tuple[ResolvedSize, ...]] = {
+        "victim": workload.victims,
+        "probe": workload.probes,
+        "abort": abort_sizes(workload),
+    }
+    return {
+        intent: (_sketch(profile, spec, api) for spec in _cycle(specs, None))
+        for intent, specs in sizes.items()
+    }
+
+
+def _sketch(profile: WorkloadProfile, spec: ResolvedSize, api: ApiStyle) -> RequestPlan:
+    return RequestPlan(
+        request_id="",
+        tenant="",
+        phase="",
+        intent=spec.intent,
+        size_label=spec.label,
+        num_prompt_tokens=spec.num_tokens,
+        expected=spec.expected,
+        api=api,
+        prompt="",
+        max_tokens=max_tokens_for(profile, spec.intent),
+    )
+
+
+def _cycle(sizes: Sequence[ResolvedSize], rounds: int | None) -> Iterator[ResolvedSize]:
+    """`sizes` over and over (`rounds` times, or endlessly); nothing when there are none."""
+    if not sizes:
+        return
+    passes = itertools.count() if rounds is None else range(rounds)
+    for _ in passes:
+        yield from sizes
+
+
 class Planner:
     """Makes request plans for one run: tenants, sizes, exact canary-laced prompts."""
 
@@ -119,21 +177,13 @@ class Planner:
         self, phase: str = "abort", *, rounds: int | None = None
     ) -> Iterator[RequestPlan]:
         """Plans that drop their connection after `profile.abort_after_chunks` chunks."""
-        sizes = self.workload.aborts or tuple(
-            ResolvedSize(v.label, v.expr, "abort", v.num_tokens, v.expected)
-            for v in self.workload.victims[:1]
-        )
-        return self._stream(phase, sizes, rounds)
+        return self._stream(phase, abort_sizes(self.workload), rounds)
 
     def _stream(
         self, phase: str, sizes: Sequence[ResolvedSize], rounds: int | None
     ) -> Iterator[RequestPlan]:
-        if not sizes:
-            return
-        passes = itertools.count() if rounds is None else range(rounds)
-        for _ in passes:
-            for spec in sizes:
-                yield self.plan(phase, spec.intent, spec, self.next_tenant())
+        for spec in _cycle(sizes, rounds):
+            yield self.plan(phase, spec.intent, spec, self.next_tenant())
 
     # -- one plan ------------------------------------------------------------------------
 
@@ -151,11 +201,6 @@ class Planner:
         request = self._next_request
         self._next_request += 1
         prompt, canaries = self._prompt(spec, tenant_index, request)
-        # an abort plan must still be streaming when it drops: it asks for a probe's length
-        if intent == "victim":
-            max_tokens = self.profile.victim_max_tokens
-        else:
-            max_tokens = self.profile.probe_max_tokens
         return RequestPlan(
             request_id=request_id(tenant_index, request),
             tenant=self.tenants[tenant_index].name,
@@ -167,7 +212,7 @@ class Planner:
             api=self.api,
             prompt=prompt,
             canaries=canaries,
-            max_tokens=max_tokens,
+            max_tokens=max_tokens_for(self.profile, intent),
             disconnect_after_chunks=self.profile.abort_after_chunks if intent == "abort" else None,
             prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),
         )

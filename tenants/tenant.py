@@ -98,6 +98,13 @@ class Tenant:
             )
         return resolved
 
+    def env_names(self) -> list[str]:
+        """The environment variables this tenant's credentials are read from."""
+        names = [] if self.api_key_env is None else [self.api_key_env]
+        for value in self.headers.values():
+            names.extend(match.group(1) for match in _ENV_REFERENCE.finditer(value))
+        return names
+
     def to_record(self) -> dict[str, Any]:
         """The journal's view: names of variables and headers, never their values."""
         return {

@@ -41,8 +41,11 @@ class WorkloadProfile:
     """Victims only need to be prefilled; short answers keep the pool turning over."""
     probe_max_tokens: int = 64
     """Long enough for a probe reading stale pages to quote several complete canaries."""
-    abort_after_chunks: int = 1
-    """Abort plans drop the connection after this many content chunks (0: after headers)."""
+    abort_after_chunks: int = 0
+    """Abort plans drop the connection after this many content chunks (0: after headers).
+    0 by default: a stream's head comes before the first token on SGLang-style servers, so an
+    abort right after it can land while the request's KV is still being prefilled or written
+    (the page-lifetime race, SGLang #35049); after the first token the write has landed."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "victims", tuple(self.victims))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from canaries import CanaryMinter, Tokenizer
+from canaries.redact import redact_quote
 from harness.cache_probe.design import (
     DEFAULT_NUM_TRIALS,
     DEFAULT_PREFIX_FRACTION,
@@ -54,7 +55,7 @@ from harness.record.events import (
     ProbeFinished,
 )
 from harness.record.finding import Finding
-from harness.record.observation import Observation
+from harness.record.observation import Observation, TextSink
 from harness.record.verdict import Verdict
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
@@ -89,7 +90,7 @@ class ProbeSender(Protocol):
         tenant: Tenant,
         *,
         t_scheduled_ns: int,
-        on_text: Callable[[str], None] | None = None,
+        on_text: TextSink | None = None,
     ) -> Observation: ...
 
 
@@ -142,6 +143,9 @@ class CacheProbe:
         self._stopping = False
         self._cancelled = False
         self._in_flight: asyncio.Future[Observation] | None = None
+        sends = [*design.warmup, *(send for trial in design.trials for send in trial.sends)]
+        self._secrets = tuple({s for send in sends for s in send.tenant.secrets()})
+        """Every probing tenant's credential: scrubbed from what the target sends back."""
 
     def stop(self) -> None:
         self._stopping = True
@@ -239,9 +243,13 @@ class CacheProbe:
             )
         finally:
             self._in_flight = None
-        # the text is one token of a reply to our own prompt; only its hash is kept
-        self._event(ObservationRecorded(dataclasses.replace(obs, text="", text_redacted=True)))
-        return obs
+        # the text is one token of a reply to our own prompt; only its hash is kept, and of
+        # an error only the harness's lead-in (the rest is the target's words)
+        journaled = obs.without_secrets(self._secrets)
+        error = redact_quote(journaled.error) if journaled.error else None
+        journaled = dataclasses.replace(journaled, text="", text_redacted=True, error=error)
+        self._event(ObservationRecorded(journaled))
+        return journaled  # a trial's outcome quotes its error: the journaled one
 
     def _event(self, event: Event) -> None:
         if self._emit is not None:

@@ -12,6 +12,9 @@ classified against the request that received the response:
 | other tenant | `cross_tenant_canary`: a leak | critical |
 | canary-shaped, not minted, no own echo | `unknown_canary`: leak of unknown origin | medium |
 
+An `unknown_canary` that an earlier run's key decodes (`earlier_runs`, from `--keyring`) is
+named in its summary and `details["earlier_run"]`: run, tenant, request and age.
+
 Each finding names the response field its first marker starts in (`feed(chunk, field)`).
 
 **Aggregation.** One finding per (response, foreign owner request): a leaked page holds
@@ -56,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from canaries import CanaryIndex, Hit, Relation, StreamScanner, classify, redact
 from harness.detectors.own_echo import OwnText
@@ -78,6 +82,15 @@ DEFAULT_FIELD = "content"
 MAX_ECHO_MARKERS = 8
 """Own-echo markers journaled per response (their words are all the request's own)."""
 
+
+class EarlierRuns(Protocol):
+    """Earlier runs' keys (`harness.run.keyring.EarlierRuns`, with `--keyring`)."""
+
+    def explain(self, canary: str) -> tuple[str, dict[str, Any]] | None:
+        """Whose canary from which earlier run, in words and as a record; None if none."""
+        ...
+
+
 OwnerKey = tuple[str, str | None, str | None]
 """(relation, owner tenant, owner request id): one finding per key per response."""
 
@@ -86,12 +99,18 @@ class ContentDetector:
     """Scans responses for foreign canaries; one `ResponseScan` per response."""
 
     def __init__(
-        self, index: CanaryIndex, *, context_chars: int = 64, redact_excerpts: bool = True
+        self,
+        index: CanaryIndex,
+        *,
+        context_chars: int = 64,
+        redact_excerpts: bool = True,
+        earlier_runs: EarlierRuns | None = None,
     ) -> None:
         assert context_chars >= 0
         self.index = index
         self.context_chars = context_chars
         self.redact_excerpts = redact_excerpts
+        self.earlier_runs = earlier_runs
 
     def start(self, plan: RequestPlan) -> ResponseScan:
         """Begin scanning the response to `plan`; feed it every chunk, then finish it."""
@@ -214,6 +233,7 @@ class ResponseScan:
         plan = self.plan
         field = self.field_of(hit)
         where = f"{hit.layer} match at chars {hit.start}-{hit.end}"
+        earlier = self._earlier_run(hit) if relation is Relation.UNKNOWN else None
         if field != DEFAULT_FIELD:
             where += f", in `{field}`"
         if relation is Relation.OTHER_TENANT:
@@ -225,6 +245,8 @@ class ResponseScan:
                 f"a canary of this run (tenant #{hit.origin.tenant}, request "
                 f"#{hit.origin.request}) whose owner is not in the index"
             )
+        elif earlier is not None:
+            what = f"{earlier[0]}, minted by an earlier run (found by --keyring)"
         else:
             what = (
                 "a canary-shaped marker this run never minted, which the request's own prompt "
@@ -254,12 +276,20 @@ class ResponseScan:
                 "owner_tenant": victim_tenant,
                 "owner_request_id": victim_request,
                 "origin": _origin_record(hit),
+                "earlier_run": earlier[1] if earlier is not None else None,
                 "phase": plan.phase,
                 "intent": plan.intent,
                 "num_prompt_tokens": plan.num_prompt_tokens,
                 "redacted": self.detector.redact_excerpts,
             },
         )
+
+    def _earlier_run(self, hit: Hit) -> tuple[str, dict[str, Any]] | None:
+        """An earlier run's attribution of a marker this run's key does not decode."""
+        earlier_runs = self.detector.earlier_runs
+        if earlier_runs is None or hit.origin is not None or hit.canary is None:
+            return None
+        return earlier_runs.explain(hit.canary)
 
     def _excerpt(self, hit: Hit) -> str:
         """A window around `hit`, foreign text replaced by its length and hash."""

@@ -180,6 +180,7 @@ def kvcanary_canaries(pytestconfig: pytest.Config, kvcanary_tenants: list[Tenant
             tokenizer=config.tokenizer,
             seed=config.seed,
             page_size=config.page_size,
+            strict_page_size=config.strict_page_size,
         )
     except ConfigError as exc:
         pytest.fail(f"kvcanary: {exc}", pytrace=False)

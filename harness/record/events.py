@@ -49,6 +49,9 @@ class RunStarted:
     seed: int
     canary_key_id: str
     """Public fingerprint of the run's canary key; the key itself is not journaled."""
+    canaries: dict[str, Any] = field(default_factory=dict)
+    """The canary alphabet (`alphabet_id`, `size`, `word_tokens`), `num_words`, and the page
+    guarantee (`guaranteed_window`, `per_page`, `guarantee`; see `canaries.guarantee`)."""
     settings: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     t_wall: float = 0.0
@@ -150,7 +153,8 @@ class TargetServing:
 
 @dataclass(frozen=True, slots=True)
 class RunFinished:
-    """The run ended; `reason` is `completed`, `interrupted`, `duration` or `error`."""
+    """The run ended; `reason` is `completed`, `interrupted`, `duration`, `budget_spent`
+    (the cost guard's budget) or `error`."""
 
     reason: str
     t_wall: float

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from canaries.redact import scrub_secrets
 
@@ -23,7 +23,17 @@ ErrorKind = Literal[
     "too_large",  # response exceeded the per-response byte bound; the rest was dropped
     "disconnected",  # the harness dropped the connection on purpose (abort plans)
     "cancelled",  # interrupted by the user (Ctrl-C)
+    "worker_lost",  # the process sending it died (a Ray actor, `--ray`)
 ]
+
+
+class TextSink(Protocol):
+    """Receives a response's text as it arrives: a delta and the response field it is part
+    of (`content`, `reasoning_content`, `tool_calls[0].function.arguments`, `logprobs.content`,
+    ...; `harness.target.sse_stream`). A sink that is called with the text alone takes it as
+    `content`."""
+
+    def __call__(self, delta: str, field: str = "content", /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,9 @@
 The `kvcanary_canaries` fixture hands one `CanaryFactory` to a test session: the session's
 minter (seeded by --kvcanary-seed, else a random key), its tokenizer (--kvcanary-tokenizer)
 and page size, so a test can build a prompt of exactly N tokens for a tenant, send it any
-way it likes, and ask whose canaries a response contains.
+way it likes, and ask whose canaries a response contains. Canaries are spelled with the
+tokenizer's alphabet (`canaries.alphabet`); where the page size is too small for them,
+prompts are laced for `guarantee.window` (`canaries.guarantee`).
 
 It deliberately knows nothing about targets, transport or findings: classification into
 findings is the content detector's job in real runs.
@@ -25,7 +27,9 @@ from canaries import (
     build_prompt,
     load_tokenizer,
 )
+from canaries.alphabet import alphabet_for
 from canaries.errors import ConfigError
+from canaries.guarantee import page_guarantee
 from tenants.planner import request_id
 from tenants.tenant import Tenant
 
@@ -42,12 +46,19 @@ class CanaryFactory:
         minter: CanaryMinter,
         *,
         page_size: int = DEFAULT_PAGE_SIZE,
+        strict_page_size: bool = False,
     ) -> None:
         assert tenants, "a canary factory needs at least one tenant"
         self.tenants = tuple(tenants)
         self.tokenizer = tokenizer
         self.minter = minter
         self.page_size = page_size
+        try:
+            self.guarantee = page_guarantee(
+                minter.num_tokens(tokenizer), page_size, strict=strict_page_size
+            )
+        except CanaryError as exc:
+            raise ConfigError(f"--kvcanary-page-size {page_size}: {exc}") from None
         self.index = CanaryIndex(minter)
         self._numbers = itertools.count()
 
@@ -59,6 +70,7 @@ class CanaryFactory:
         tokenizer: str,
         seed: int | None,
         page_size: int | None,
+        strict_page_size: bool = False,
     ) -> CanaryFactory:
         """A factory from the session's settings; `ConfigError` for an unusable tokenizer."""
         if tokenizer == "server":
@@ -70,8 +82,19 @@ class CanaryFactory:
             loaded = load_tokenizer(tokenizer)
         except CanaryError as exc:
             raise ConfigError(f"--kvcanary-tokenizer {tokenizer}: {exc}") from None
-        minter = CanaryMinter.random() if seed is None else CanaryMinter.from_seed(seed, "pytest")
-        return cls(tenants, loaded, minter, page_size=page_size or DEFAULT_PAGE_SIZE)
+        alphabet = alphabet_for(loaded)
+        minter = (
+            CanaryMinter.random(alphabet=alphabet)
+            if seed is None
+            else CanaryMinter.from_seed(seed, "pytest", alphabet=alphabet)
+        )
+        return cls(
+            tenants,
+            loaded,
+            minter,
+            page_size=page_size or DEFAULT_PAGE_SIZE,
+            strict_page_size=strict_page_size,
+        )
 
     def prompt(self, num_tokens: int, *, tenant: int = 0) -> BuiltPrompt:
         """A prompt of exactly `num_tokens` tokens laced with `tenant`'s fresh canaries.
@@ -89,7 +112,7 @@ class CanaryFactory:
                 tenant=tenant,
                 request=number,
                 num_tokens=num_tokens,
-                page_size=self.page_size,
+                page_size=self.guarantee.window,
                 seed=number,
             )
         except CanaryError as exc:

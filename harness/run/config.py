@@ -30,6 +30,7 @@ from harness.run.options import (
     Scope,
     options_for,
 )
+from tenants.cost import CostBudget, Prices
 
 Command = Literal["run", "soak"]
 
@@ -68,11 +69,13 @@ class RunConfig:
     pool_tokens: int | None = _default("pool_tokens")
     context_tokens: int | None = _default("context_tokens")
     page_size: int | None = _default("page_size")
+    strict_page_size: bool = _default("strict_page_size")
     tokenizer: str = _default("tokenizer")
     api_key_env: str | None = _default("api_key_env")
     profile: str = _default("profile")
     seed: int | None = _default("seed")
     timeout: float = _default("timeout")
+    http_backend: Literal["aiohttp", "httpx"] = _default("http_backend")
     out: str | None = _default("out")
     keep_raw_evidence: bool = _default("keep_raw_evidence")
     engine_preset: str = _default("engine_preset")
@@ -84,6 +87,14 @@ class RunConfig:
     report_every: float = _default("report_every")
     rotate_every: float = _default("rotate_every")
     force: bool = _default("force")
+    ray: str | None = _default("ray")
+    max_requests: int | None = _default("max_requests")
+    max_prompt_tokens: int | None = _default("max_prompt_tokens")
+    price_per_mtok: tuple[float, float] | None = _default("price_per_mtok")
+    max_cost: float | None = _default("max_cost")
+    yes: bool = _default("yes")
+    keyring: str | None = _default("keyring")
+    metrics_port: int | None = _default("metrics_port")
 
     def __post_init__(self) -> None:
         if self.requests is not None and self.duration is not None:
@@ -102,6 +113,7 @@ class RunConfig:
             raise ConfigError(
                 "--engine-preset/--engine-fix/--engine-prefix-cache apply only without --target"
             )
+        self.cost_budget  # noqa: B018 (its own checks: --max-cost needs prices)
         if self.cache_probe_trials < 5:  # harness.cache_probe.probe's minimum (not imported: scipy)
             raise ConfigError(
                 f"--cache-probe-trials must be at least 5, got {self.cache_probe_trials}"
@@ -122,6 +134,12 @@ class RunConfig:
         if self.concurrency is not None:
             return self.concurrency
         return DEFAULT_CONCURRENCY if self.target is not None else DEFAULT_ENGINE_CONCURRENCY
+
+    @property
+    def cost_budget(self) -> CostBudget:
+        """The cost guard's limits (`tenants.cost`); inactive when none was given."""
+        prices = None if self.price_per_mtok is None else Prices(*self.price_per_mtok)
+        return CostBudget(self.max_requests, self.max_prompt_tokens, self.max_cost, prices)
 
     def to_record(self) -> dict[str, Any]:
         """The settings as journaled in `run_started` (no credential values exist here)."""

@@ -78,6 +78,18 @@ def _add_flag(
             flag, dest=option.name, action="store_const", const=True, default=None, help=help_text
         )
         return
+    if option.action == "optional":
+        parser.add_argument(
+            flag,
+            dest=option.name,
+            type=_argparse_type(option) if parse_now else str,
+            nargs="?",
+            const=option.const,
+            default=None,
+            metavar=option.metavar,
+            help=help_text,
+        )
+        return
     parser.add_argument(
         flag,
         dest=option.name,

@@ -83,6 +83,29 @@ def parse_positive_float(text: str) -> float:
     return value
 
 
+def parse_prices(text: str) -> tuple[float, float]:
+    """`IN,OUT`: prices per million prompt and completion tokens (each >= 0)."""
+    parts = text.split(",")
+    try:
+        prices = tuple(float(part) for part in parts)
+    except ValueError:
+        prices = ()
+    if len(prices) != 2 or not all(math.isfinite(p) and p >= 0 for p in prices):
+        raise ValueError(f"expected IN,OUT prices per million tokens (e.g. 0.15,0.6), got {text!r}")
+    return prices[0], prices[1]
+
+
+def parse_port(text: str) -> int:
+    """A TCP port, 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise ValueError(f"expected a port number 1-65535, got {text!r}")
+    return port
+
+
 def parse_url(text: str) -> str:
     """An http(s) base URL, without trailing slashes (paths are joined onto it)."""
     if not _URL.match(text):

@@ -22,14 +22,17 @@ from harness.run.option_values import (
     parse_duration,
     parse_env_name,
     parse_non_negative_int,
+    parse_port,
     parse_positive_float,
     parse_positive_int,
+    parse_prices,
     parse_text,
     parse_url,
 )
 
 Scope = Literal["run", "soak", "plugin", "audit", "repro"]
-Action = Literal["value", "flag", "append"]
+Action = Literal["value", "flag", "append", "optional"]
+"""`optional`: a flag that may stand alone (`--ray`, meaning `const`) or take a value."""
 
 PLUGIN_PREFIX = "--kvcanary-"
 EXCLUSIVE: tuple[tuple[str, str], ...] = (("requests", "duration"), ("concurrency", "rate"))
@@ -69,6 +72,8 @@ class Option:
     aliases: tuple[str, ...] = ()
     """Other keys that spell the same flag (`engine` for `engine_preset`, in the plugin)."""
     variants: tuple[tuple[Scope, Variant], ...] = ()
+    const: Any = None
+    """An `optional` option's value when its flag is given without one."""
 
     @property
     def key(self) -> str:
@@ -206,6 +211,11 @@ OPTIONS: tuple[Option, ...] = (
         "KV page size in tokens: every window of this many prompt tokens holds a whole "
         "canary (default: the target's, else 16).",
     ),
+    _flag(
+        "strict_page_size",
+        "Refuse to run when a canary of the tokenizer is too long for every page to hold a "
+        "whole one (default: lace as densely as it allows and say which window is guaranteed).",
+    ),
     Option(
         "tokenizer",
         parse_text,
@@ -248,6 +258,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="D",
         scopes=(*_RUNS, "audit"),
         variants=(("audit", Variant("Per-request timeout, the probe included.", 30.0)),),
+    ),
+    Option(
+        "http_backend",
+        parse_text,
+        "aiohttp",
+        "The client's HTTP I/O under the httpx API: aiohttp (fast at hundreds of streams) "
+        "or httpx's own httpcore pool.",
+        metavar="aiohttp|httpx",
+        choices=("aiohttp", "httpx"),
     ),
     Option(
         "out",
@@ -343,6 +362,69 @@ OPTIONS: tuple[Option, ...] = (
     _flag(
         "force",
         "Resume into an --out whose journal belongs to a different target or seed.",
+        scopes=("soak",),
+    ),
+    Option(
+        "ray",
+        parse_text,
+        None,
+        "Send the tenants' requests from Ray actors (one per tenant, each with its own HTTP "
+        "client) on the Ray cluster at ADDRESS (ray://HOST:10001, HOST:6379 or auto); without "
+        "ADDRESS, on a Ray instance started here. Needs kvcanary[ray].",
+        metavar="ADDRESS",
+        action="optional",
+        const="local",
+        scopes=("run", "soak"),
+    ),
+    _count(
+        "max_requests",
+        None,
+        "Cost guard: refuse a run that plans more than N requests; a soak stops cleanly "
+        "before its (N+1)th.",
+    ),
+    _count(
+        "max_prompt_tokens",
+        None,
+        "Cost guard: refuse a run whose prompts add up to more than N tokens; a soak stops "
+        "cleanly before it would send more.",
+    ),
+    Option(
+        "price_per_mtok",
+        parse_prices,
+        None,
+        "Price of a million prompt (IN) and completion (OUT) tokens, e.g. 0.15,0.60: the "
+        "run's cost is printed and recorded in summary.json.",
+        metavar="IN,OUT",
+    ),
+    Option(
+        "max_cost",
+        parse_positive_float,
+        None,
+        "Cost guard: refuse a run that could cost more than AMOUNT at --price-per-mtok "
+        "(completions counted at their max_tokens); a soak stops before it would.",
+        metavar="AMOUNT",
+    ),
+    _flag(
+        "yes",
+        "Start a run although its plan exceeds --max-requests / --max-prompt-tokens / "
+        "--max-cost; it then stops cleanly when the budget is spent.",
+    ),
+    Option(
+        "keyring",
+        parse_text,
+        None,
+        "Keep this run's canary key in FILE (created 0600; a group- or world-readable one is "
+        "refused), under its key id, so a later run that meets this run's canary names its "
+        "run, tenant, request and age. Off by default: without it no key is written.",
+        metavar="FILE",
+    ),
+    Option(
+        "metrics_port",
+        parse_port,
+        None,
+        "Serve Prometheus metrics (requests, errors, findings by kind, TTFT histograms, "
+        "target health) on this loopback port's /metrics (needs kvcanary[metrics]).",
+        metavar="PORT",
         scopes=("soak",),
     ),
     _flag(

@@ -3,7 +3,8 @@
 On a terminal the display is a `rich` live line (phase, requests done of the budget or time
 elapsed of the duration, in flight, rejections, errors, findings by kind) with each finding
 printed above it as it is found. Anywhere else (CI logs, `nohup`, a pipe) it degrades to
-plain lines: one per phase change, one per finding, and a status line every `interval_s`.
+plain lines: one per phase change, one per finding, and a status line every `interval_s`
+(a soak also prints it as a `heartbeat:` line when nothing happened for that long).
 Findings of one kind are shown `max_findings_shown` times, then counted, so a leaking target
 does not flood a log.
 
@@ -118,6 +119,16 @@ class ProgressDisplay:
         elif isinstance(event, RunFinished):
             return
         self._maybe_status_line()
+
+    def heartbeat(self) -> None:
+        """Off a terminal, the status line when none was printed for `interval_s`: a log
+        that goes quiet then means the process is gone, not that the target is slow."""
+        if self._live is not None:
+            return
+        now = time.monotonic()
+        if now - self._t_last_line >= self.interval_s:
+            self._t_last_line = now
+            self.note(f"heartbeat: {self.status_line()}")
 
     def note(self, message: str) -> None:
         """A plain line, above the live display when there is one."""

@@ -15,10 +15,14 @@ closed-loop workers or at Poisson arrival times on an absolute clock (`harness.r
 For every request, in this order: its canaries join the live index with their owner; the
 plan is journaled (before anything is sent, so a killed run loses at most what was in
 flight); each streamed chunk goes to the content detector, whose findings are journaled as
-they appear; the observation is journaled with its text redacted to the canary spans (unless
-raw evidence was asked for); then the protocol and timing detectors' findings; then
-`target_unhealthy` / `target_serving` when the target stopped / resumed serving
-(`harness.run.health`; `RunOutcome.target_unhealthy` keeps the declaration).
+they appear; the observation is journaled with its text redacted to the canary spans and the
+target's words in its error to a marker (unless raw evidence was asked for); then the
+protocol and timing detectors' findings; then `target_unhealthy` / `target_serving` when the
+target stopped / resumed serving (`harness.run.health`; `RunOutcome.target_unhealthy` keeps
+the declaration).
+
+With a cost guard (`admit`), the first plan it refuses ends the run cleanly, reason
+`budget_spent`: requests in flight finish, nothing more is sent.
 
 `stop()` (the first Ctrl-C) stops sending and gives requests in flight `grace_s` to finish
 before cancelling them; `cancel()` (the second) cancels them at once. Either way the run ends
@@ -39,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from canaries import Owner, redact
+from canaries.redact import redact_quote
 from harness.record.events import (
     Event,
     FindingRecorded,
@@ -103,6 +108,7 @@ class Runner:
         clock: Clock | None = None,
         num_previous_requests: int = 0,
         elapsed_before_s: float = 0.0,
+        admit: Callable[[RequestPlan], bool] | None = None,
     ) -> None:
         self._sender = sender
         self._tenants = dict(tenants)
@@ -122,6 +128,9 @@ class Runner:
         self._num_previous_requests = num_previous_requests
         self._elapsed_before_s = elapsed_before_s
         """A resumed soak's earlier sessions: its duration and phase schedule continue."""
+        self._admit = admit
+        """The cost guard's meter (`tenants.cost.SpendMeter`): no to a plan ends the run."""
+        self._budget_spent = False
         self._stopping = asyncio.Event()
         self._interrupted = False
         self._busy: set[asyncio.Task[None]] = set()
@@ -170,6 +179,8 @@ class Runner:
                     group.create_task(self._open_loop_dispatcher(self._pacing, group))
             if self._interrupted:
                 reason = "interrupted"
+            elif self._budget_spent:
+                reason = "budget_spent"
             else:
                 reason = "duration" if self._budget.duration_s is not None else "completed"
         except asyncio.CancelledError:
@@ -263,6 +274,11 @@ class Runner:
                 self._phase = phase
                 self._emit(PhaseStarted(phase.name, t_wall=time.time()))
             plan = await asyncio.to_thread(self._workload.next_plan, phase)
+            if plan is not None and self._admit is not None and not self._admit(plan):
+                # requests in flight finish; nothing more is sent (a clean end, not a stop)
+                self._budget_spent = True
+                self._stopping.set()
+                return None
             if plan is not None:
                 self._num_taken += 1
             return plan
@@ -286,8 +302,8 @@ class Runner:
         self._emit(PlanRecorded(plan))
         scan = self._detectors.content.start(plan)
 
-        def on_text(chunk: str) -> None:
-            for finding in scan.feed(chunk):
+        def on_text(chunk: str, field: str = "content") -> None:
+            for finding in scan.feed(chunk, field):
                 self._emit_finding(finding)
 
         try:
@@ -322,13 +338,18 @@ class Runner:
         obs = obs.without_secrets(self._secrets)  # whatever the target echoed back
         if obs.text and not self._keep_raw_evidence:
             obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)
+        # an error body is the target's text too; what reports and the console show of it
+        # (`target_unhealthy`) is redacted even when the journal keeps it raw
+        shown = dataclasses.replace(obs, error=redact_quote(obs.error)) if obs.error else obs
+        if not self._keep_raw_evidence:
+            obs = shown
         self._emit(ObservationRecorded(obs))
         echo = scan.own_echo_event(time.time())
         if echo is not None:
             self._emit(echo)
         for finding in findings:
             self._emit_finding(finding)
-        for event in self._health.observe(obs, time.time()):
+        for event in self._health.observe(shown, time.time()):
             self._emit(event)
         self._record_timing_model()
 

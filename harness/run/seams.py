@@ -8,14 +8,14 @@ its end-of-run pass. The real ones are `harness.target.client.TargetClient`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from canaries import Hit, Owner
 from harness.record.events import OwnEchoRecorded
 from harness.record.finding import Finding
-from harness.record.observation import Observation
+from harness.record.observation import Observation, TextSink
 from harness.record.ttft_model import TtftModel
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
@@ -30,7 +30,7 @@ class Sender(Protocol):
         tenant: Tenant,
         *,
         t_scheduled_ns: int,
-        on_text: Callable[[str], None],
+        on_text: TextSink,
     ) -> Observation: ...
 
 
@@ -40,7 +40,9 @@ class ResponseScan(Protocol):
     @property
     def hits(self) -> Sequence[Hit]: ...
 
-    def feed(self, chunk: str) -> list[Finding]: ...
+    def feed(self, chunk: str, field: str = "content") -> list[Finding]:
+        """One delta of the response field `field` (`harness.record.observation.TextSink`)."""
+        ...
 
     def finish(self, obs: Observation) -> list[Finding]: ...
 

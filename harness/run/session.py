@@ -17,6 +17,7 @@ pieces a reproduction shares are built in `harness.run.wiring`, Ctrl-C handling 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,22 +26,34 @@ import httpx
 
 from canaries import Tokenizer
 from canaries.errors import RunIncomplete
+from canaries.guarantee import PageGuarantee
 from harness.cache_probe.phase import run_probe_phase
 from harness.record.events import Limits
 from harness.record.journal import JOURNAL_NAME
 from harness.record.verdict import Verdict
-from harness.run import wiring
+from harness.run import cost_guard, wiring
 from harness.run.arrivals import ClosedLoop, Pacing, PoissonArrivals
 from harness.run.config import RunConfig
 from harness.run.interrupts import interrupts, sigterm_as_interrupt
+from harness.run.keyring import EarlierRuns, Keyring
 from harness.run.option_values import format_duration
 from harness.run.out_dir import RunIdentity, prepare_run_dir
 from harness.run.progress import ProgressDisplay
-from harness.run.runner import Budget, Detectors, Runner, RunOutcome, Workload, default_phases
+from harness.run.runner import (
+    Budget,
+    Detectors,
+    Phase,
+    Runner,
+    RunOutcome,
+    Sender,
+    Workload,
+    default_phases,
+)
 from harness.run.soak_tasks import soak_tasks
 from harness.target.calibration import PromptTokenOffset, planning_limits
 from harness.target.client import TargetClient
 from harness.target.tokenizer import ServerTokenizer, chat_overhead, remote_tokenizer
+from tenants.cost import SpendMeter
 from tenants.planner import Planner
 from tenants.tenant import Tenant, default_tenants
 from tenants.workload import WorkloadProfile, get_profile
@@ -87,10 +100,15 @@ def run_session(
     tokenizer = None
     if config.tokenizer != "server":
         tokenizer = wiring.local_tokenizer(config.tokenizer, "--tokenizer")
-        if config.page_size is not None:
-            wiring.check_page_size(tokenizer, config.page_size)
+        if config.page_size is not None:  # before anything starts, where it can be known
+            wiring.lacing(tokenizer, config.page_size, strict=config.strict_page_size)
+    if config.ray is not None:
+        from harness.run.ray_sender import check_address
+
+        check_address(config.ray)
+    keyring = Keyring.open(config.keyring) if config.keyring is not None else None
     out_dir, identity = prepare_run_dir(config)
-    setup = _Setup(config, out_dir, identity, tenants, profile, tokenizer)
+    setup = _Setup(config, out_dir, identity, tenants, profile, tokenizer, keyring)
     display = ProgressDisplay(
         num_requests=config.num_requests, duration_s=config.duration, file=file, live=live
     )
@@ -142,6 +160,8 @@ class _Setup:
     profile: WorkloadProfile
     tokenizer: Tokenizer | None
     """The local tokenizer, or None for `--tokenizer server`."""
+    keyring: Keyring | None = None
+    """`--keyring`: where this run's key goes and earlier runs' keys come from."""
 
 
 # -- the run itself --------------------------------------------------------------------
@@ -151,7 +171,9 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
     config, tenants, identity = setup.config, setup.tenants, setup.identity
     pacing = _pacing(config, identity.seed)
     max_in_flight = pacing.concurrency if isinstance(pacing, ClosedLoop) else pacing.max_in_flight
-    async with wiring.http_client(max_in_flight, config.timeout) as http:
+    async with wiring.http_client(
+        max_in_flight, config.timeout, backend=config.http_backend
+    ) as http:
         target = await wiring.contact(
             http,
             base_url,
@@ -163,12 +185,18 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
             how_to_name_model="pass --model NAME",
             display=display,
         )
-        planner, calibration = await _planner(setup, http, target, display)
+        # before the first request that can cost anything (with --model and the limits
+        # given, before any request at all): the calibration and tokenizer come after
+        meter = cost_guard.guard(
+            config, setup.profile, target.limits, _phases(setup.profile), display.note
+        )
+        planner, calibration, guarantee = await _planner(setup, http, target, display)
         detectors = wiring.detectors(
             planner.index,
             target.limits,
             keep_raw_evidence=config.keep_raw_evidence,
             calibration=calibration,
+            earlier_runs=_earlier_runs(setup, planner, display),
         )
         client = wiring.target_client(http, target, config.timeout)
         journal = wiring.Journal(setup.out_dir, display)
@@ -182,18 +210,28 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                     seed=identity.seed,
                     minter=planner.minter,
                     settings=_settings(config, identity, calibration),
+                    guarantee=guarantee,
                 )
             )
-            runner = _runner(setup, client, planner, detectors, journal, pacing)
+            sender = contextlib.ExitStack()
+            runner = _runner(
+                setup,
+                sender.enter_context(_sender(setup, client, target, max_in_flight, display)),
+                planner,
+                detectors,
+                journal,
+                pacing,
+                meter,
+            )
             display.note(f"journal: {journal.path}")
             if identity.resumed:
                 display.note(
                     f"resuming run {identity.run_id}: {identity.num_previous_requests} "
                     f"request(s) and {format_duration(identity.elapsed_s)} already done"
                 )
-            with display, wiring.frozen_heap():
+            with sender, display, wiring.frozen_heap():
                 with interrupts(runner, display):
-                    async with soak_tasks(config, setup.out_dir, journal.writer, display):
+                    async with soak_tasks(config, setup.out_dir, journal, display):
                         outcome = await runner.run()
                 if config.cache_probe and outcome.reason in ("completed", "duration"):
                     await _cache_probe(setup, client, planner, target.limits, journal, display)
@@ -202,13 +240,39 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
             journal.close()
 
 
-def _runner(
+def _sender(
     setup: _Setup,
     client: TargetClient,
+    target: wiring.Contact,
+    max_in_flight: int,
+    display: ProgressDisplay,
+) -> contextlib.AbstractContextManager[Sender]:
+    """This process's client, or with `--ray` one Ray actor per tenant."""
+    config = setup.config
+    if config.ray is None:
+        return contextlib.nullcontext(client)
+    from harness.run.ray_sender import ClientSpec, ray_sender
+
+    spec = ClientSpec(
+        target.base_url,
+        target.model,
+        deadline_s=config.timeout,
+        read_timeout_s=config.timeout,
+        max_in_flight=max_in_flight,
+        backend=config.http_backend,
+    )
+    display.note(f"sending from {len(setup.tenants)} Ray actors (--ray {config.ray})")
+    return ray_sender(config.ray, setup.tenants, spec)
+
+
+def _runner(
+    setup: _Setup,
+    client: Sender,
     planner: Planner,
     detectors: Detectors,
     journal: wiring.Journal,
     pacing: Pacing,
+    meter: SpendMeter | None = None,
 ) -> Runner:
     """The runner over the planner's three plan streams, in the default phases."""
     config, identity = setup.config, setup.identity
@@ -221,7 +285,7 @@ def _runner(
                 "probe": planner.probes(),
                 "abort": planner.abort_plans(),
             },
-            default_phases(setup.profile.victim_fraction),
+            _phases(setup.profile),
         ),
         index=planner.index,
         detectors=detectors,
@@ -231,7 +295,23 @@ def _runner(
         keep_raw_evidence=config.keep_raw_evidence,
         num_previous_requests=identity.num_previous_requests,
         elapsed_before_s=identity.elapsed_s,
+        admit=meter.admit if meter is not None else None,
     )
+
+
+def _earlier_runs(setup: _Setup, planner: Planner, display: ProgressDisplay) -> EarlierRuns | None:
+    if setup.keyring is None:
+        return None
+    earlier = setup.keyring.earlier_runs(planner.minter.key_id)
+    display.note(
+        f"keyring {setup.keyring.path}: this run's key {planner.minter.key_id} kept; "
+        f"{len(earlier)} earlier run(s) can be named"
+    )
+    return earlier
+
+
+def _phases(profile: WorkloadProfile) -> tuple[Phase, ...]:
+    return default_phases(profile.victim_fraction)
 
 
 async def _cache_probe(
@@ -300,7 +380,7 @@ def _budget(config: RunConfig) -> Budget:
 
 async def _planner(
     setup: _Setup, http: httpx.AsyncClient, target: wiring.Contact, display: ProgressDisplay
-) -> tuple[Planner, PromptTokenOffset | None]:
+) -> tuple[Planner, PromptTokenOffset | None, PageGuarantee]:
     config, tenants, identity = setup.config, setup.tenants, setup.identity
     base_url, model = target.base_url, target.model
     tokenizer, remote = setup.tokenizer, None
@@ -324,7 +404,19 @@ async def _planner(
         display=display,
     )
     limits = planning_limits(target.limits, calibration)
-    minter = wiring.canary_minter(identity.seed, identity.run_id, seeded=config.seed is not None)
+    alphabet, guarantee = await asyncio.to_thread(  # counts tokens, as the planner may
+        wiring.lacing, tokenizer, limits.page_size, strict=config.strict_page_size
+    )
+    if not guarantee.per_page:
+        display.note(f"canaries: {guarantee.sentence()}")
+    minter = wiring.canary_minter(
+        identity.seed,
+        identity.run_id,
+        seeded=config.seed is not None,
+        keyring=setup.keyring,
+        tenants=tenants,
+        alphabet=alphabet,
+    )
     planner = await asyncio.to_thread(  # may count tokens, which a server tokenizer needs
         Planner,
         tenants,
@@ -333,10 +425,10 @@ async def _planner(
         minter,
         limits,
         api=config.api,
-        page_size=limits.page_size,
+        page_size=guarantee.window,
         seed=identity.seed,
         chat_overhead_tokens=num_chat_tokens,
         first_request=identity.next_request,
     )
     planner.index.owner_of = wiring.owner_of(tenants)
-    return planner, calibration
+    return planner, calibration, guarantee

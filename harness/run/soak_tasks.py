@@ -1,4 +1,6 @@
-"""A soak's periodic work beside the runner: re-render the report, rotate the journal."""
+"""A soak's periodic work beside the runner: re-render the report, rotate the journal,
+print a heartbeat line off a terminal, and with `--metrics-port` serve Prometheus metrics
+fed from the journal's events (`harness.run.metrics`)."""
 
 from __future__ import annotations
 
@@ -6,21 +8,48 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
+from harness.record.events import Event
 from harness.record.journal import JournalWriter
 from harness.run.config import RunConfig
 from harness.run.options import format_duration
 from harness.run.progress import ProgressDisplay
 
 
+class SoakJournal(Protocol):
+    """The run's journal as a soak needs it (`harness.run.wiring.Journal`)."""
+
+    @property
+    def writer(self) -> JournalWriter: ...
+
+    def listen(self, listener: Callable[[Event], None]) -> None: ...
+
+
 @contextlib.asynccontextmanager
 async def soak_tasks(
-    config: RunConfig, out_dir: Path, journal: JournalWriter, display: ProgressDisplay
+    config: RunConfig, out_dir: Path, journal: SoakJournal, display: ProgressDisplay
 ) -> AsyncIterator[None]:
-    """For soaks: re-render the report every `report_every`, rotate every `rotate_every`."""
+    """For soaks: re-render the report every `report_every`, rotate every `rotate_every`,
+    a heartbeat every `display.interval_s`; metrics on `metrics_port`, when given."""
     if config.command != "soak":
         yield
         return
+    async with contextlib.AsyncExitStack() as stack:
+        if config.metrics_port is not None:
+            from harness.run.metrics import serve_metrics
+
+            metrics = stack.enter_context(serve_metrics(config.metrics_port))
+            journal.listen(metrics.handle)
+            display.note(f"metrics: http://127.0.0.1:{config.metrics_port}/metrics")
+        await stack.enter_async_context(_periodic(config, out_dir, journal.writer, display))
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _periodic(
+    config: RunConfig, out_dir: Path, journal: JournalWriter, display: ProgressDisplay
+) -> AsyncIterator[None]:
 
     async def report() -> None:
         from reports.render import render_run
@@ -36,9 +65,13 @@ async def soak_tasks(
     async def rotate() -> None:
         display.note(f"journal segment closed: {journal.rotate()}")
 
+    async def heartbeat() -> None:
+        display.heartbeat()
+
     tasks = [
         asyncio.create_task(every(config.report_every, report, display)),
         asyncio.create_task(every(config.rotate_every, rotate, display)),
+        asyncio.create_task(every(display.interval_s, heartbeat, display)),
     ]
     display.note(
         f"soak: report every {format_duration(config.report_every)}, new journal segment "

@@ -30,7 +30,9 @@ from canaries import (
     Tokenizer,
     load_tokenizer,
 )
+from canaries.alphabet import DEFAULT_ALPHABET, Alphabet, alphabet_for
 from canaries.errors import ConfigError, RunIncomplete
+from canaries.guarantee import PageGuarantee, page_guarantee
 from canaries.redact import scrub_secrets
 from harness.detectors.content import ContentDetector
 from harness.detectors.protocol import ProtocolDetector
@@ -38,6 +40,7 @@ from harness.detectors.timing import TimingDetector
 from harness.record.events import Event, Limits, RunStarted
 from harness.record.journal import JOURNAL_NAME, JournalWriter
 from harness.run.interrupts import sigterm_as_interrupt
+from harness.run.keyring import EarlierRuns, KeyEntry, Keyring, run_key
 from harness.run.progress import ProgressDisplay
 from harness.run.seams import Detectors, TimingChecker
 from harness.target.calibration import (
@@ -45,6 +48,7 @@ from harness.target.calibration import (
     measure_prompt_token_offset,
 )
 from harness.target.client import TargetClient, make_http_client
+from harness.target.http_client import DEFAULT_BACKEND, Backend
 from harness.target.limits import limits_from_facts
 from harness.target.server_info import EngineFacts, read_engine_facts
 from tenants.plan import ApiStyle
@@ -71,14 +75,16 @@ def local_tokenizer(spec: str, where: str) -> Tokenizer:
         raise ConfigError(f"{where} {spec}: {exc}") from None
 
 
-def check_page_size(tokenizer: Tokenizer, page_size: int) -> None:
-    """Refuse, before anything starts, a page size no canary of this tokenizer fits."""
-    num_tokens = CanaryMinter.random().num_tokens(tokenizer)
-    if 2 * num_tokens - 1 > page_size:
-        raise ConfigError(
-            f"--page-size {page_size}: a canary takes {num_tokens} tokens in this tokenizer, so "
-            f"only pages of at least {2 * num_tokens - 1} tokens each hold a complete one"
-        )
+def lacing(tokenizer: Tokenizer, page_size: int, *, strict: bool) -> tuple[Alphabet, PageGuarantee]:
+    """The tokenizer's canary alphabet and what `page_size` guarantees with it; with
+    `strict` (`--strict-page-size`), a `ConfigError` when pages cannot each hold a canary.
+    Counts tokens: with a server tokenizer, call it from a worker thread."""
+    alphabet = alphabet_for(tokenizer)
+    num_tokens = CanaryMinter.random(alphabet=alphabet).num_tokens(tokenizer)
+    try:
+        return alphabet, page_guarantee(num_tokens, page_size, strict=strict)
+    except CanaryError as exc:
+        raise ConfigError(f"--page-size {page_size}: {exc} (--strict-page-size)") from None
 
 
 def check_credentials(tenants: Sequence[Tenant]) -> None:
@@ -136,6 +142,7 @@ def http_client(
     max_in_flight: int,
     read_timeout_s: float,
     transport: httpx.AsyncBaseTransport | None = None,
+    backend: Backend = DEFAULT_BACKEND,
 ) -> httpx.AsyncClient:
     """The run's HTTP client (`transport` replaces the network, for tests)."""
     timeout = httpx.Timeout(
@@ -143,7 +150,7 @@ def http_client(
     )
     if transport is not None:
         return httpx.AsyncClient(transport=transport, timeout=timeout)
-    return make_http_client(max_concurrency=max_in_flight, timeout=timeout)
+    return make_http_client(max_concurrency=max_in_flight, timeout=timeout, backend=backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +260,27 @@ def target_client(http: httpx.AsyncClient, contact: Contact, deadline_s: float) 
 # -- canaries, detectors, journal ------------------------------------------------------
 
 
-def canary_minter(seed: int, run_id: str, *, seeded: bool) -> CanaryMinter:
+def canary_minter(
+    seed: int,
+    run_id: str,
+    *,
+    seeded: bool,
+    keyring: Keyring | None = None,
+    tenants: Sequence[Tenant] = (),
+    alphabet: Alphabet = DEFAULT_ALPHABET,
+) -> CanaryMinter:
     """A given seed makes the whole run reproducible, canary key included; without one the
-    key is random and never leaves this process."""
-    return CanaryMinter.from_seed(seed, run_id) if seeded else CanaryMinter.random()
+    key is random and never leaves this process, unless a `keyring` (`--keyring`) is given:
+    then the key is stored there, with the run id and the tenants' names, before any
+    canary is sent. The `alphabet` is the tokenizer's (`canaries.alphabet.alphabet_for`)."""
+    if keyring is None:
+        if seeded:
+            return CanaryMinter.from_seed(seed, run_id, alphabet=alphabet)
+        return CanaryMinter.random(alphabet=alphabet)
+    key = run_key(seed, run_id, seeded=seeded)
+    minter = CanaryMinter(key, alphabet=alphabet)
+    keyring.remember(minter.key_id, KeyEntry.of(key, minter, run_id, [t.name for t in tenants]))
+    return minter
 
 
 def owner_of(tenants: Sequence[Tenant]) -> Callable[[CanaryOrigin], Owner | None]:
@@ -277,13 +301,15 @@ def detectors(
     keep_raw_evidence: bool,
     timing: TimingChecker | None = None,
     calibration: PromptTokenOffset | None = None,
+    earlier_runs: EarlierRuns | None = None,
 ) -> Detectors:
-    """Content (other tenants' canaries), protocol (what was accepted) and timing."""
+    """Content (other tenants' canaries; earlier runs' too, with `earlier_runs`), protocol
+    (what was accepted) and timing."""
     offsets: dict[str, int] | None = None
     if calibration is not None:
         offsets = {calibration.api: calibration.offset}
     return Detectors(
-        ContentDetector(index, redact_excerpts=not keep_raw_evidence),
+        ContentDetector(index, redact_excerpts=not keep_raw_evidence, earlier_runs=earlier_runs),
         ProtocolDetector(limits, prompt_token_offsets=offsets),
         timing if timing is not None else TimingDetector(),
     )
@@ -299,10 +325,15 @@ class Journal:
             raise RunIncomplete(f"cannot create the journal in {out_dir}: {exc}") from None
         self._display = display
         self._broken: str | None = None
+        self._listeners: list[Callable[[Event], None]] = []
 
     @property
     def path(self) -> Path:
         return self._writer.path
+
+    def listen(self, listener: Callable[[Event], None]) -> None:
+        """Also give every event journaled from now on to `listener` (the metrics)."""
+        self._listeners.append(listener)
 
     @property
     def writer(self) -> JournalWriter:
@@ -319,6 +350,8 @@ class Journal:
             self._broken = f"cannot write the journal {self.path}: {exc.strerror or exc}"
             raise RunIncomplete(f"{self._broken}; the run stopped") from None
         self._display.handle(event)
+        for listener in self._listeners:
+            listener(event)
 
     def close(self) -> None:
         try:
@@ -337,6 +370,7 @@ def run_started(
     seed: int,
     minter: CanaryMinter,
     settings: dict[str, Any],
+    guarantee: PageGuarantee | None = None,
 ) -> RunStarted:
     """The journal's first record: who ran what against which target, with which versions."""
     from importlib import metadata
@@ -350,6 +384,11 @@ def run_started(
         tenants=tuple(t.to_record() for t in tenants),
         seed=seed,
         canary_key_id=minter.key_id,
+        canaries={
+            **minter.alphabet.describe(),
+            "num_words": minter.num_words,
+            **(guarantee.to_dict() if guarantee is not None else {}),
+        },
         settings=settings,
         versions={"kvcanary": metadata.version("kvcanary"), "httpx": httpx.__version__},
         t_wall=datetime.now(UTC).timestamp(),

@@ -27,7 +27,7 @@ from harness.cache_probe.phase import run_probe_phase
 from harness.detectors.timing import TimingDetector
 from harness.record.events import Event, Limits, PhaseStarted, RunFinished
 from harness.record.finding import Finding
-from harness.record.observation import Observation
+from harness.record.observation import Observation, TextSink
 from harness.record.ttft_model import TtftModel
 from harness.run.arrivals import ClosedLoop
 from harness.run.progress import ProgressDisplay
@@ -196,13 +196,13 @@ class _DropAfter:
         tenant: Tenant,
         *,
         t_scheduled_ns: int,
-        on_text: Callable[[str], None],
+        on_text: TextSink,
     ) -> Observation:
         chunks: list[str] = []
 
-        def seen(chunk: str) -> None:
+        def seen(chunk: str, field: str = "content") -> None:
             chunks.append(chunk)
-            on_text(chunk)
+            on_text(chunk, field)
 
         t_wall, t_sent_ns = time.time(), time.perf_counter_ns()
         try:

@@ -29,6 +29,7 @@ import httpx
 
 from canaries import TAG, Tokenizer
 from canaries.errors import ConfigError
+from canaries.redact import redact_quote
 from harness.record.events import Limits
 from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
 from harness.target.discovery_fetch import post_bounded
@@ -104,14 +105,17 @@ async def measure_prompt_token_offset(
         )
     except (httpx.HTTPError, ResponseTooLarge, StreamViolation) as exc:
         raise ConfigError(f"calibration request to {url} failed ({exc!r})") from None
+    # the body is the target's text (perhaps another customer's): a length and a hash of it
     text = content[:200].decode("utf-8", errors="replace")
     if status != 200:
-        raise ConfigError(f"calibration request to {url} answered HTTP {status}: {text!r}")
+        raise ConfigError(
+            redact_quote(f"calibration request to {url} answered HTTP {status}: {text!r}")
+        )
     try:
         answer = loads(content)
     except StreamViolation:
         raise ConfigError(
-            f"calibration request to {url} answered 200 without JSON: {text!r}"
+            redact_quote(f"calibration request to {url} answered 200 without JSON: {text!r}")
         ) from None
     result = PromptTokenOffset(api, url, counted, _prompt_tokens(answer))
     if result.offset < 0:

@@ -19,7 +19,7 @@ Timestamps (one process, `time.perf_counter_ns`):
     t_scheduled_ns    when the runner meant to send (given by the caller)
     t_sent_ns         just before the request was handed to httpx  -> queue_ns = sent - scheduled
     t_first_byte_ns   the response head (status line and headers) arrived
-    t_first_token_ns  the network read that completed the first event with non-empty text
+    t_first_token_ns  the network read that completed the first event with text in any field
                       arrived (stamped before that event was parsed); non-streaming: the body
     t_done_ns         the response was finished with: read to its end, failed, or dropped
 
@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -63,11 +63,12 @@ import httpx
 from httpx_sse import EventSource
 
 from canaries.errors import ConfigError
-from harness.record.observation import ErrorKind, Observation
+from harness.record.observation import ErrorKind, Observation, TextSink
 from harness.target.bounded import take_over_decoding
 from harness.target.http_client import default_limits as default_limits
 from harness.target.http_client import default_timeout as default_timeout
 from harness.target.http_client import make_http_client as make_http_client
+from harness.target.json_body import JsonBody
 from harness.target.keepalive import AttemptTrace
 from harness.target.sse_stream import MeteredStream, ResponseTooLarge, StreamViolation, Transcript
 from tenants.plan import ApiStyle, RequestPlan
@@ -157,8 +158,12 @@ class TargetClient:
         if self.stream:
             headers["Accept"] = "text/event-stream"
         timeout = self._timeout if self._timeout is not None else httpx.USE_CLIENT_DEFAULT
+        # the prompt is streamed out of the body, not copied into it (a 1M-token prompt: 6 MB)
+        content = JsonBody(body, ("messages", 0, "content") if plan.api == "chat" else ("prompt",))
+        headers["Content-Type"] = "application/json"
+        headers["Content-Length"] = str(content.num_bytes)
         return self._client.build_request(
-            "POST", self.url_for(plan.api), json=body, headers=headers, timeout=timeout
+            "POST", self.url_for(plan.api), content=content, headers=headers, timeout=timeout
         )
 
     async def send(
@@ -167,9 +172,11 @@ class TargetClient:
         tenant: Tenant,
         *,
         t_scheduled_ns: int,
-        on_text: Callable[[str], None] | None = None,
+        on_text: TextSink | None = None,
     ) -> Observation:
-        """Send `plan` as `tenant`; `on_text` gets every text delta as it arrives.
+        """Send `plan` as `tenant`; `on_text` gets every text delta with the response field
+        it is part of (`harness.target.sse_stream`: answer fields as they arrive, tool calls
+        and logprobs when the response is over).
 
         A first attempt that fails on a reused keep-alive connection before any byte of the
         answer is sent once more on a fresh connection (`harness.target.keepalive`); the
@@ -190,6 +197,7 @@ class TargetClient:
                         await self._attempt(fresh, request, plan, attempt)
         except TimeoutError as exc:  # the deadline, across both attempts
             attempt.failure = exc
+        attempt.transcript.flush()  # tool calls and logprobs, however the response ended
         exchange, transcript = attempt.exchange, attempt.transcript
         error = _error_of(attempt.failure, exchange, transcript, self._deadline_s)
         text = transcript.text

@@ -1,17 +1,36 @@
 """The production HTTP client for `harness.target.client.TargetClient`: explicit limits and
-timeouts sized for long prompts and many concurrent streams.
+timeouts sized for long prompts and many concurrent streams, on one of two I/O backends.
 
-With `backend="aiohttp"` httpcore's connection trace does not run, so the keep-alive retry
-(`harness.target.keepalive`) never fires there: such a request fails as it did.
+    aiohttp (default)  the httpx API over aiohttp's I/O (`httpx-aiohttp`): per-request CPU
+                       stays flat with the number of open connections
+    httpx              httpx's own httpcore pool: walks every connection on each acquire and
+                       release, so at hundreds of streams the client measures its own queueing
+                       instead of the target's TTFT (benchmarks/RESULTS-client.md)
+
+Both raise the same `httpx` exceptions, and both feed the keep-alive retry
+(`harness.target.keepalive`): httpcore through its `trace` extension, aiohttp through a
+`TraceConfig`. aiohttp's "Server disconnected" before a response head is mapped here, in one
+place, to the `httpx.RemoteProtocolError` httpcore raises for it (httpx-aiohttp would call it
+a connect timeout).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
+import aiohttp
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
-from canaries.errors import ConfigError
+from harness.target.keepalive import aiohttp_trace_config
+
+Backend = Literal["aiohttp", "httpx"]
+BACKENDS: Final[tuple[Backend, ...]] = ("aiohttp", "httpx")
+DEFAULT_BACKEND: Final[Backend] = "aiohttp"
+_UNWRITABLE = "Can not write request body"
+"""aiohttp's error for a request written to a connection the server has closed."""
+_READ_BUFFER_BYTES = 256 * 1024
+"""aiohttp's per-connection read buffer: a whole burst of SSE events is one read."""
 
 
 def default_timeout() -> httpx.Timeout:
@@ -45,29 +64,58 @@ def make_http_client(
     *,
     max_concurrency: int = 64,
     timeout: httpx.Timeout | None = None,
-    backend: Literal["httpx", "aiohttp"] = "httpx",
+    backend: Backend = DEFAULT_BACKEND,
 ) -> httpx.AsyncClient:
-    """The production `httpx.AsyncClient` for `TargetClient` (the caller closes it).
-
-    `backend="aiohttp"` keeps the httpx API but does the I/O with aiohttp (the optional
-    `httpx-aiohttp` package): httpcore's connection pool costs CPU per request that grows
-    with the number of open connections, which at hundreds of concurrent streams inflates
-    measured TTFTs by tens of milliseconds (benchmarks/RESULTS-client.md).
-    """
+    """The production `httpx.AsyncClient` for `TargetClient` (the caller closes it)."""
+    assert backend in BACKENDS, backend
     limits = default_limits(max_concurrency)
-    transport: httpx.AsyncBaseTransport | None = None
-    if backend == "aiohttp":
-        try:
-            from httpx_aiohttp import AiohttpTransport
-        except ImportError:
-            raise ConfigError(
-                "the aiohttp HTTP backend needs the httpx-aiohttp package (pip install "
-                "httpx-aiohttp)"
-            ) from None
-        transport = AiohttpTransport(limits=limits)
+    transport = _AiohttpTransport(limits) if backend == "aiohttp" else None
     return httpx.AsyncClient(
         limits=limits,
         timeout=timeout or default_timeout(),
         follow_redirects=False,
         transport=transport,
     )
+
+
+class _AiohttpTransport(AiohttpTransport):
+    """httpx-aiohttp's transport with the keep-alive trace and the disconnect mapping."""
+
+    def __init__(self, limits: httpx.Limits) -> None:
+        super().__init__(limits=limits, client=self._session)
+        self._max_connections = limits.max_connections or 0
+        self._keepalive_s = limits.keepalive_expiry
+
+    def _session(self) -> aiohttp.ClientSession:
+        # built on first use, inside the event loop that will drive it
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            keepalive_timeout=self._keepalive_s,
+            ssl=self.ssl_context,
+        )
+        return aiohttp.ClientSession(
+            connector=connector,
+            trace_configs=[aiohttp_trace_config()],
+            read_bufsize=_READ_BUFFER_BYTES,
+            auto_decompress=False,
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except httpx.HTTPError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, aiohttp.ClientOSError) and _UNWRITABLE in str(cause):
+                # the server had closed the connection before the request was written: it
+                # sent nothing (httpx-aiohttp would call this a connect timeout)
+                message = "Server disconnected without sending a response."
+                raise httpx.RemoteProtocolError(message, request=request) from cause
+            if not isinstance(cause, aiohttp.ServerDisconnectedError):
+                raise
+            # aiohttp's default message means not one byte of a response was parsed;
+            # anything else carries what was (a partial status line)
+            if cause.message == "Server disconnected":
+                message = "Server disconnected without sending a response."
+            else:
+                message = "Server disconnected in the middle of the response head."
+            raise httpx.RemoteProtocolError(message, request=request) from cause

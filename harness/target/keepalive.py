@@ -14,6 +14,11 @@ reuses the connection is metered too. A connection opened without a trace (anoth
 request on the same client) is not metered, so a failure on it is never taken for a race.
 httpcore's message alone cannot say "no byte arrived": it also fires when a partial status
 line was buffered before the close.
+
+On the aiohttp backend `aiohttp_trace_config` fills the same record from aiohttp's own
+connection events (reused or created, headers sent); there the "no byte" evidence is
+aiohttp's, which names a partial response head in its error (`harness.target.http_client`
+maps that to a different message), so a reused connection counts as metered.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import httpx
 
 _CURRENT: contextvars.ContextVar[AttemptTrace | None] = contextvars.ContextVar(
@@ -71,6 +77,28 @@ class AttemptTrace:
             and self.metered
             and self.num_bytes_received == 0
         )
+
+
+def aiohttp_trace_config() -> aiohttp.TraceConfig:
+    """aiohttp's connection events, recorded into the attempt running in the current task."""
+    config = aiohttp.TraceConfig()
+
+    async def created(*_: Any) -> None:
+        if (attempt := _CURRENT.get()) is not None:
+            attempt.opened_connection = True
+
+    async def reused(*_: Any) -> None:
+        if (attempt := _CURRENT.get()) is not None:
+            attempt.metered = True
+
+    async def sent(*_: Any) -> None:
+        if (attempt := _CURRENT.get()) is not None:
+            attempt.sent_request = True
+
+    config.on_connection_create_start.append(created)
+    config.on_connection_reuseconn.append(reused)
+    config.on_request_headers_sent.append(sent)
+    return config
 
 
 def _meter(stream: Any) -> None:

@@ -26,6 +26,7 @@ from harness.target.discovery_fetch import post_bounded
 from harness.target.limits import DEFAULT_PAGE_SIZE
 from harness.target.server_info import EngineFacts, SideFacts, describe_error
 from harness.target.sse_stream import MAX_TOKEN_COUNT
+from harness.target.tokenizer import bounded_post
 from harness.target.urls import redact_url
 
 # A common word that every tokenizer we know encodes as at least one token, and the ones we
@@ -202,7 +203,9 @@ async def _server_tokenizer(
 ) -> RemoteTokenizer | None:
     """The server's tokenize route in its own convention (SGLang, vLLM, llama.cpp), or None
     when it has none whose counts are plausible."""
-    remote = RemoteTokenizer(client, base_url, headers=headers, model=model)
+    remote = RemoteTokenizer(
+        client, base_url, headers=headers, model=model, post=bounded_post(client)
+    )
     try:
         await remote.detect()
     except (CanaryError, httpx.HTTPError):

@@ -8,6 +8,18 @@ non-streaming JSON body) into text, usage, finish reason and the first-token tim
 parsed with depth limits and lone surrogates replaced (`harness.target.bounded.loads`), and a
 usage count that is negative or above `MAX_TOKEN_COUNT` is a violation.
 
+**Every text field is read**, each delivered to `on_text(delta, field)` under its own name, so
+a finding can say where a canary was: the answer fields (`LIVE_FIELDS`, and completions'
+`text`) as they arrive; the structured ones (`tool_calls[i].function.name` / `.arguments`,
+legacy `function_call.name` / `.arguments`, the chosen tokens of `logprobs.content`,
+`logprobs.refusal` and completions' `logprobs.tokens`) held per field and delivered whole by
+`flush()` when the response is over, because their deltas interleave with the answer's and a
+canary must not be cut in two by another field's text. Wherever the field changes, the
+delivered text starts with `FIELD_SEPARATOR`, so the last word of one field is never glued
+to the first of the next. `Transcript.text` is exactly what was delivered (the detectors'
+offsets index it). Logprobs' `top_logprobs` alternatives are not read: each is one token,
+and no canary fits in one token.
+
 Both raise only the two exceptions of `harness.target.bounded`, for the target's
 misbehaviour; the mapping of every error to an `ErrorKind` lives in one place,
 `harness.target.client`. This module knows nothing about plans, tenants or HTTP status codes.
@@ -16,33 +28,40 @@ misbehaviour; the mapping of every error to an `ErrorKind` lives in one place,
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.record.observation import Usage
+from harness.record.observation import TextSink, Usage
 from harness.target.bounded import MeteredStream, ResponseTooLarge, StreamViolation, excerpt, loads
 
 DONE_SENTINEL = "[DONE]"
 MAX_TOKEN_COUNT = 10**12
 """A usage count above this is not a count (no context or output is a trillion tokens)."""
-_TEXT_FIELDS = ("reasoning_content", "reasoning", "content")
-"""Delta fields scanned as response text. Reasoning comes first in a stream and may quote
-stale pages as readily as the answer does, so it is part of the text the detectors see."""
+LIVE_FIELDS = ("reasoning_content", "reasoning", "content", "refusal")
+"""Message / delta fields delivered as they arrive. Reasoning comes first in a stream and may
+quote stale pages as readily as the answer does; a refusal is the answer of a model that
+declines, and may quote them too."""
+COMPLETION_FIELD = "text"
+"""The completions API's answer field, on the choice itself."""
+FIELD_SEPARATOR = "\n"
+"""Starts the text delivered for a field other than the previous one (a word boundary)."""
 
 
 @dataclass(slots=True)
 class Transcript:
     """What one completion response said, accumulated event by event."""
 
-    on_text: Callable[[str], None] | None = None
+    on_text: TextSink | None = None
     parts: list[str] = field(default_factory=list)
     num_chunks: int = 0
-    """Events (or bodies) that carried non-empty text."""
+    """Events (or bodies) that carried non-empty text in any field."""
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
     saw_done: bool = False
     t_first_token_ns: int | None = None
+    _last_field: str | None = None
+    _held: dict[str, list[str]] = field(default_factory=dict)
+    """Structured fields' text, by field name in order of first appearance, until `flush`."""
 
     @property
     def text(self) -> str:
@@ -66,6 +85,13 @@ class Transcript:
             return  # an event with no data field (e.g. a bare `event:` or `id:`)
         self._take_object(_parse_json(data), "delta", t_arrived_ns)
 
+    def flush(self) -> None:
+        """Deliver the held structured fields, the response being over (however it ended: a
+        tool call cut off by a truncated stream is still text the target sent)."""
+        held, self._held = self._held, {}
+        for name, pieces in held.items():
+            self._deliver("".join(pieces), name)
+
     def take_body(self, body: bytes, t_arrived_ns: int) -> None:
         """The whole body of a non-streaming response (complete once it parses)."""
         self._take_object(
@@ -83,18 +109,36 @@ class Transcript:
         choices = obj.get("choices") or []
         if not isinstance(choices, list):
             raise StreamViolation("`choices` is not a list")
-        delta = "".join(self._take_choice(choice, text_holder) for choice in choices)
-        if delta:
+        live: list[tuple[str, str]] = []
+        num_held = sum(map(len, self._held.values()))
+        for position, choice in enumerate(choices):
+            live += self._take_choice(choice, text_holder, position)
+        if any(text for _, text in live) or sum(map(len, self._held.values())) > num_held:
             self.num_chunks += 1
             if self.t_first_token_ns is None:
                 self.t_first_token_ns = t_arrived_ns
-            self.parts.append(delta)
-            if self.on_text is not None:
-                self.on_text(delta)
+        for name, text in live:
+            self._deliver(text, name)
         if "usage" in obj and obj["usage"] is not None:  # after the text, which is kept
             self.usage = _parse_usage(obj["usage"])
 
-    def _take_choice(self, choice: Any, text_holder: str) -> str:
+    def _deliver(self, text: str, name: str) -> None:
+        if not text:
+            return
+        if self._last_field is not None and self._last_field != name:
+            text = FIELD_SEPARATOR + text
+        self._last_field = name
+        self.parts.append(text)
+        if self.on_text is not None:
+            self.on_text(text, name)
+
+    def _hold(self, name: str, value: Any) -> None:
+        text = _text_of(value, name)
+        if text:
+            self._held.setdefault(name, []).append(text)
+
+    def _take_choice(self, choice: Any, text_holder: str, position: int) -> list[tuple[str, str]]:
+        """The choice's answer text by field; its structured fields go to `_held`."""
         if not isinstance(choice, dict):
             raise StreamViolation("a choice is not a JSON object")
         reason = choice.get("finish_reason")
@@ -102,12 +146,58 @@ class Transcript:
             if not isinstance(reason, str):
                 raise StreamViolation("`finish_reason` is not a string")
             self.finish_reason = reason
+        index = choice.get("index", position)
+        # a second choice's structured text must not run on from the first's
+        prefix = f"choices[{index}]." if index not in (0, None) else ""
+        self._hold_logprobs(choice.get("logprobs"), prefix)
         holder = choice.get(text_holder)
         if holder is None:  # completions: the text sits on the choice itself
-            return _text_of(choice.get("text"), "text")
+            return [(COMPLETION_FIELD, _text_of(choice.get("text"), COMPLETION_FIELD))]
         if not isinstance(holder, dict):
             raise StreamViolation(f"`{text_holder}` is not a JSON object")
-        return "".join(_text_of(holder.get(name), name) for name in _TEXT_FIELDS)
+        self._hold_tool_calls(holder.get("tool_calls"), prefix)
+        call = holder.get("function_call")
+        if call is not None:
+            self._hold_function(call, f"{prefix}function_call")
+        return [(name, _text_of(holder.get(name), name)) for name in LIVE_FIELDS]
+
+    def _hold_tool_calls(self, calls: Any, prefix: str) -> None:
+        if calls is None:
+            return
+        if not isinstance(calls, list):
+            raise StreamViolation("`tool_calls` is not a list")
+        for position, call in enumerate(calls):
+            if not isinstance(call, dict):
+                raise StreamViolation("a tool call is not a JSON object")
+            # streamed deltas say which call they continue; a whole message lists them
+            index = call.get("index", position)
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise StreamViolation("a tool call's `index` is not an integer")
+            function = call.get("function")
+            if function is not None:
+                self._hold_function(function, f"{prefix}tool_calls[{index}].function")
+
+    def _hold_function(self, function: Any, name: str) -> None:
+        if not isinstance(function, dict):
+            raise StreamViolation(f"`{name}` is not a JSON object")
+        self._hold(f"{name}.name", function.get("name"))
+        self._hold(f"{name}.arguments", function.get("arguments"))
+
+    def _hold_logprobs(self, logprobs: Any, prefix: str) -> None:
+        """The chosen tokens' strings. Engines disagree on the shape of `logprobs` (and we
+        never ask for them), so a shape this does not know is skipped, not a violation."""
+        if not isinstance(logprobs, dict):
+            return
+        for key in ("content", "refusal"):  # chat: lists of {"token": ...}
+            entries = logprobs.get(key)
+            if isinstance(entries, list):
+                tokens = (e.get("token") for e in entries if isinstance(e, dict))
+                text = "".join(t for t in tokens if isinstance(t, str))
+                self._hold(f"{prefix}logprobs.{key}", text)
+        strings = logprobs.get("tokens")  # completions: a list of strings
+        if isinstance(strings, list):
+            text = "".join(t for t in strings if isinstance(t, str))
+            self._hold(f"{prefix}logprobs.tokens", text)
 
 
 def _text_of(value: Any, name: str) -> str:
@@ -148,6 +238,8 @@ def _count(value: Any, name: str) -> int | None:
 
 __all__ = [
     "DONE_SENTINEL",
+    "FIELD_SEPARATOR",
+    "LIVE_FIELDS",
     "MAX_TOKEN_COUNT",
     "MeteredStream",
     "ResponseTooLarge",

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
 
 from canaries import TAG, CanaryError, RemoteTokenizer, Tokenizer
 from canaries.errors import ConfigError, RunIncomplete
+from canaries.remote_tokenizer import Post
 from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
 from harness.target.discovery_fetch import post_bounded
 from harness.target.server_facts import as_int
@@ -42,7 +43,9 @@ async def remote_tokenizer(
     """The target's tokenize route, its convention detected and its counts checked now
     (ConfigError naming every endpoint tried when none counts plausibly: 0 tokens for
     non-empty text, or a count that does not grow with the text)."""
-    remote = RemoteTokenizer(http, base_url, headers=tenant.auth_headers(), model=model)
+    remote = RemoteTokenizer(
+        http, base_url, headers=tenant.auth_headers(), model=model, post=bounded_post(http)
+    )
     try:
         await remote.detect()
     except (CanaryError, httpx.HTTPError) as exc:
@@ -51,6 +54,41 @@ async def remote_tokenizer(
             "tokenizer name or a tokenizer.json path"
         ) from None
     return remote
+
+
+KEEPALIVE_RACE = "without sending a response"
+"""httpx's words for a connection closed before one byte of an answer arrived."""
+
+
+def bounded_post(http: httpx.AsyncClient) -> Post:
+    """`RemoteTokenizer`'s reads bounded as every other read of a target's answer is: a
+    compressed answer inflated within the byte bound (`post_bounded`), a bound passed or a
+    broken encoding a `CanaryError`."""
+
+    async def post(
+        url: str, body: Mapping[str, Any], headers: Mapping[str, str], max_bytes: int
+    ) -> tuple[int, bytes]:
+        try:
+            try:
+                return await post_bounded(
+                    http, url, json_body=body, headers=headers, max_bytes=max_bytes
+                )
+            except httpx.RemoteProtocolError as exc:
+                if KEEPALIVE_RACE not in str(exc):
+                    raise
+                # a kept-alive connection the server closed as it was reused (llama.cpp does,
+                # `harness.target.keepalive`): tokenizing changes nothing, so once more
+                return await post_bounded(
+                    http, url, json_body=body, headers=headers, max_bytes=max_bytes
+                )
+        except ResponseTooLarge:
+            raise CanaryError(
+                f"{url} answered with more than {max_bytes} bytes; not read"
+            ) from None
+        except StreamViolation as exc:
+            raise CanaryError(f"{url}: {exc}") from None
+
+    return post
 
 
 class ServerTokenizer:

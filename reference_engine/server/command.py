@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ipaddress
+import math
 import textwrap
 import time
 from typing import Any
@@ -66,7 +67,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    from reference_engine.config import PRESETS
+    from reference_engine.config import KV_DTYPES, PRESETS
 
     add(
         "--preset",
@@ -123,6 +124,17 @@ def register(subparsers: Any) -> None:
         "(the vulnerable prefill's placeholder says 1); SGLang's routers do not, and it is "
         "off in every preset",
     )
+    add(
+        "--copy-noise",
+        metavar="X",
+        help="how noisily the recall model copies what it reads, 0 (exact page-aligned quotes) "
+        "to 1 (runs of stale text with dropped and substituted tokens and drift); default 0.3",
+    )
+    add(
+        "--dtype",
+        metavar="{" + ",".join(KV_DTYPES) + "}",
+        help="the KV pools' element type, and so the pages' on the wire (default float32)",
+    )
     add("--device", help="cpu (default) or cuda[:N]")
     add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     add(
@@ -162,7 +174,30 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["transfer_bandwidth_bytes_per_s"] = args.transfer_bandwidth
     if args.merge_prefill_usage:
         overrides["merge_prefill_usage"] = True
+    if args.copy_noise is not None:
+        overrides["copy_noise"] = _copy_noise(args.copy_noise)
+    if args.dtype is not None:
+        overrides["dtype"] = _dtype(args.dtype)
     return overrides
+
+
+def _copy_noise(text: str) -> float:
+    # parsed here, not by argparse's type=float, so a bad value is one line, not usage + line
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise ConfigError(f"--copy-noise must be a number in 0..1, got {text!r}")
+    return value
+
+
+def _dtype(text: str) -> str:
+    from reference_engine.config import KV_DTYPES
+
+    if text not in KV_DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(KV_DTYPES)}, got {text!r}")
+    return text
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -185,6 +220,10 @@ def _serve(args: argparse.Namespace) -> int:
         summary += ", prefix cache on"
     if config.merge_prefill_usage:
         summary += ", router merges prefill's usage"
+    if config.dtype != "float32":
+        summary += f", {config.dtype} KV"
+    if args.copy_noise is not None:
+        summary += f", copy noise {config.copy_noise:g}"
     if config.transfer_bandwidth_bytes_per_s is not None:
         summary += f", KV link {config.transfer_bandwidth_bytes_per_s:g} bytes/s"
     if args.processes:

@@ -2,7 +2,8 @@
 
 A `Generation` runs `side.generate(req)` in its own task, so the HTTP handler can wait for
 the next event and for the client's disconnect at the same time. Prefill answers with one
-`FinishOut`; decode yields tokens and then one `FinishOut`; both look the same here.
+`FinishOut`; decode yields at most one `HeadOut` (a stream's head may go out), tokens and
+then one `FinishOut`; both look the same here.
 `abort()` is the client-disconnect path into the engine (SGLang's tokenizer manager aborts
 a request whose connection closed): it calls `side.abort(rid)` unless the request already
 finished, then stops the pump. `DisconnectWatcher` notices `http.disconnect` while a
@@ -22,12 +23,13 @@ from reference_engine.interfaces import (
     DecodeSide,
     FinishOut,
     GenerateRequest,
+    HeadOut,
     PrefillSide,
     TokenOut,
 )
 
 Role = Literal["prefill", "decode"]
-Event = TokenOut | FinishOut
+Event = HeadOut | TokenOut | FinishOut
 T = TypeVar("T")
 
 

@@ -6,7 +6,9 @@ generation request to both. A side tokenizes the prompt, builds a `GenerateReque
 hands it to its side. Every limit (context length, pool limits, the placeholder swap,
 transfers) is the engine core's; this module only turns the side's events into HTTP: a
 `FinishOut` with an error status before any token is a JSON error with that status; one
-after a stream started is an SSE `{"error": ...}` event and `data: [DONE]`. A client that
+after a stream started is an SSE `{"error": ...}` event and `data: [DONE]`. A stream starts
+at decode's `HeadOut` when it sends one (before the first token, so a client can drop a
+request whose KV is still in transfer), else at the first token. A client that
 disconnects before its answer is complete aborts the request in the side
 (`Generation.abort`).
 
@@ -29,7 +31,14 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from reference_engine.finish import CLIENT_CLOSED
-from reference_engine.interfaces import DecodeSide, FinishOut, GenerateRequest, PrefillSide
+from reference_engine.interfaces import (
+    DecodeSide,
+    FinishOut,
+    GenerateRequest,
+    HeadOut,
+    PrefillSide,
+    TokenOut,
+)
 from reference_engine.server.errors import error_body, error_response
 from reference_engine.server.generation import ClientGone, DisconnectWatcher, Generation, Role
 from reference_engine.server.metrics import SideMetrics
@@ -125,10 +134,13 @@ async def _serve(
     handed_to_stream = False
     try:
         first = await watcher.race(gen.next_event())
+        if isinstance(first, HeadOut) and not body.stream:
+            first = await watcher.race(gen.next_event())  # a whole body has no early head
         if isinstance(first, FinishOut) and first.status >= 400:
             _finish(ctx, first, started)
             return error_response(first.error or error_body("request failed", first.status))
-        ctx.metrics.ttft.observe(time.perf_counter() - started)
+        if not isinstance(first, HeadOut):
+            ctx.metrics.ttft.observe(time.perf_counter() - started)
         if not body.stream:
             return await _collect(ctx, gen, watcher, first, fmt, started)
         await watcher.stop()
@@ -191,12 +203,17 @@ async def _stream(
     include_usage: bool,
     started: float,
 ) -> AsyncIterator[bytes]:
+    first_token = isinstance(event, HeadOut)  # TTFT not yet observed: at the first token
     try:
         opening = fmt.first_chunk()
         if opening is not None:
             yield sse_event(opening)
         while not isinstance(event, FinishOut):
-            yield sse_event(fmt.token_chunk(event.text))
+            if isinstance(event, TokenOut):  # not the HeadOut a stream may open with
+                if first_token:
+                    ctx.metrics.ttft.observe(time.perf_counter() - started)
+                first_token = False
+                yield sse_event(fmt.token_chunk(event.text))
             try:
                 event = await gen.next_event()
             except Exception as exc:  # after a 200 the error travels in the stream

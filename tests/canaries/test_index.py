@@ -203,7 +203,7 @@ def test_fragment_lengths_follow_the_live_count_and_the_offset() -> None:
     rule = CanaryIndex(minter).fragment_rule
     assert rule is not None
     assert (rule.near_words, rule.far_words) == (5, 6)
-    assert [rule.near_chars(v) for v in (1 << 20, 1 << 17, 100_000)] == [413, 3318, 4354]
+    assert [rule.near_chars(v) for v in (1 << 20, 1 << 17, 100_000)] == [413, 3353, 4396]
     assert rule.words_at(412, 1 << 20) == 5
     assert rule.words_at(413, 1 << 20) == 6
     # the documented bound: far zone everywhere, near zone in the rest of the budget

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import canaries.prompt as prompt_module
 from canaries import (
     TAG,
+    WORDS,
     BuiltPrompt,
     CanaryError,
     CanaryMinter,
@@ -39,7 +41,8 @@ def check_prompt(
     c = minter.num_tokens(tokenizer)
     if prompt.num_tokens < c:
         assert prompt.canaries == ()
-        assert prompt.text.startswith(" " + TAG)
+        # the tag and words, or, where the tag itself takes several tokens, a prefix of it
+        assert prompt.text.startswith(" " + TAG) or (" " + TAG).startswith(prompt.text)
         return tokens
     starts = []
     for i, span in enumerate(prompt.canaries):
@@ -255,3 +258,37 @@ def test_hugging_face_tokenizer_prompts_are_exact(tmp_path: Path, minter: Canary
             for span in prompt.canaries:
                 head = prompt.text[: span.char_offset + len(span.text)]
                 assert tokenizer.count(head) == span.token_offset + 7
+
+
+def test_prompts_counted_chunk_by_chunk_are_the_same_prompts(
+    cl100k: Tokenizer, minter: CanaryMinter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one chunk: counted inline; 97 canaries a chunk: many segments, counted in the thread
+    args = {"tenant": 2, "request": 9, "num_tokens": 20_000, "page_size": 16}
+    whole = build_prompt(cl100k, minter, **args)  # type: ignore[arg-type]
+    monkeypatch.setattr(prompt_module, "_CHUNK_CANARIES", 97)
+    chunked = build_prompt(cl100k, minter, **args)  # type: ignore[arg-type]
+    assert chunked == whole
+    check_prompt(chunked, cl100k, minter, tenant=2, request=9, page_size=16)
+    none = build_prompt(cl100k, minter, **args, filler="none")  # type: ignore[arg-type]
+    check_prompt(none, cl100k, minter, tenant=2, request=9, page_size=16)
+
+
+class CutMergingTokenizer(SplittingTokenizer):
+    """Merges a canary's last word with a capitalised word after it: the boundary between
+    a canary and the filler after it, which is where chunks are cut."""
+
+    name = "cut-merging-test"
+    pattern = re.compile(r" ?(?:" + "|".join(WORDS) + r") [A-Z][a-z]+| ?[^ ]+")
+
+
+def test_a_merge_across_a_chunk_cut_is_never_a_wrong_count(
+    minter: CanaryMinter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prompt_module, "_CHUNK_CANARIES", 1)  # every such boundary is a cut
+    args = {"tenant": 0, "request": 3, "num_tokens": 400}
+    plain = build_prompt(SplittingTokenizer(), minter, **args)  # type: ignore[arg-type]
+    assert CutMergingTokenizer().count(plain.text) != 400  # the same text would miscount
+    # the repair swaps fillers before a canary: a capital after one is in every filler
+    with pytest.raises(CanaryError, match="merges tokens across canary boundaries"):
+        build_prompt(CutMergingTokenizer(), minter, **args)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from canaries import CanaryError, CanaryIndex, CanaryMinter, Hit, Owner, redact
+from canaries.redact import redact_quote
 
 SECRET = "customer 4471 ordered 3 widgets, card ending 9921"
 
@@ -56,3 +57,36 @@ def test_overlapping_and_adjacent_hits_and_edges() -> None:
 def test_hits_outside_the_text_are_an_error() -> None:
     with pytest.raises(CanaryError, match="outside"):
         redact("short", [Hit("x", 3, 9, "exact", None, None, None)])
+
+
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        ('HTTP 500: {"error": "their text"}', "HTTP 500: "),
+        ("StreamViolation: error event in stream: their text", "error event in stream: "),
+        ("StreamViolation: malformed JSON: {their", "StreamViolation: malformed JSON: "),
+        ("RemoteProtocolError: illegal header line: b'their'", "illegal header line: "),
+    ],
+)
+def test_redact_quote_keeps_the_lead_in_and_hides_the_quote(message: str, kept: str) -> None:
+    redacted = redact_quote(message)
+    quote = message[message.index(kept) + len(kept) :]
+    assert redacted.startswith(message[: message.index(kept) + len(kept)])
+    assert "their" not in redacted
+    digest = hashlib.sha256(quote.encode()).hexdigest()[:8]
+    assert redacted.endswith(f"[… {len(quote)} chars redacted, sha256:{digest} …]")
+    assert redact_quote(redacted) == redacted  # redacting twice changes nothing
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "no complete response within the 5.0 s deadline",
+        "ConnectError: [Errno 111] Connection refused",
+        "StreamViolation: `choices` is not a list",
+        "HTTP 502: ",
+        "",
+    ],
+)
+def test_redact_quote_leaves_messages_that_quote_nothing(message: str) -> None:
+    assert redact_quote(message) == message

@@ -4,8 +4,10 @@ The real llama.cpp server is tested in tests/harness/target/llamacpp/."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import httpx
 import pytest
@@ -174,3 +176,88 @@ async def test_malformed_answers_are_canary_errors(body: bytes) -> None:
 def test_bad_style_is_an_error() -> None:
     with pytest.raises(CanaryError, match="style"):
         remote(vllm([]), style="tgi")
+
+
+# -- hostile answers: every read is bounded in bytes and in time ------------------------
+
+
+class Endless(httpx.AsyncByteStream):
+    """A body that never ends: `piece` after `piece` (after `pause_s` each), counting them."""
+
+    def __init__(self, piece: bytes, pause_s: float = 0.0) -> None:
+        self.piece = piece
+        self.pause_s = pause_s
+        self.num_sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            if self.pause_s:
+                await asyncio.sleep(self.pause_s)
+            self.num_sent += 1
+            yield self.piece
+
+
+async def test_a_huge_answer_is_cut_at_the_bound_not_read_to_its_end() -> None:
+    body = Endless(b"1, " * 20_000)
+    tokenizer = remote(
+        lambda request: httpx.Response(200, stream=body), style="sglang", max_bytes=100_000
+    )
+    with pytest.raises(CanaryError, match="more than 100000 bytes; not read"):
+        await tokenizer.count("hello")
+    assert body.num_sent == 2  # 60 kB each: the second passed the bound, and reading stopped
+
+
+async def test_a_dripping_answer_ends_at_the_exchange_deadline() -> None:
+    # a byte every 50 ms resets any per-read timeout forever; only a deadline ends it
+    drip = Endless(b" ", pause_s=0.05)
+    tokenizer = remote(lambda request: httpx.Response(200, stream=drip), timeout_s=0.3)
+    with pytest.raises(CanaryError, match=r"no complete answer within 0\.3 s"):
+        await tokenizer.detect()
+
+
+async def test_a_compressed_answer_is_refused_not_inflated() -> None:
+    bomb = Endless(b"\x1f\x8b" + bytes(1000))  # never inflated, so never read past the head
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.headers["accept-encoding"] == "identity"
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=bomb)
+
+    tokenizer = remote(handle, style="vllm")
+    with pytest.raises(CanaryError, match="gzip-compressed though asked not to"):
+        await tokenizer.count("hello")
+    assert bomb.num_sent == 0
+
+
+async def test_a_nesting_bomb_is_a_canary_error_not_a_recursion_error() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    tokenizer = remote(lambda request: httpx.Response(200, content=deep), style="sglang")
+    with pytest.raises(CanaryError, match="nested too deeply"):
+        await tokenizer.count("hello")
+
+
+async def test_error_bodies_are_not_quoted_in_messages() -> None:
+    """The message is printed; the body is the target's text (maybe another tenant's)."""
+    foreign = "another customer's prompt text"
+    tokenizer = remote(lambda request: httpx.Response(500, text=foreign), style="sglang")
+    with pytest.raises(CanaryError, match=r"HTTP 500 \(30 bytes of error body\)") as raised:
+        await tokenizer.count("hello")
+    assert foreign not in str(raised.value)
+    tokenizer = remote(lambda request: httpx.Response(200, text=foreign), style="sglang")
+    with pytest.raises(CanaryError, match="malformed tokenize answer") as raised:
+        await tokenizer.count("hello")
+    assert foreign not in str(raised.value)
+
+
+async def test_a_given_post_reads_every_answer() -> None:
+    seen: list[tuple[str, int]] = []
+
+    async def post(
+        url: str, body: Mapping[str, Any], headers: Mapping[str, str], max_bytes: int
+    ) -> tuple[int, bytes]:
+        seen.append((url, max_bytes))
+        return 200, json.dumps({"tokens": fake_tokens(body["prompt"])}).encode()
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(599)))
+    tokenizer = RemoteTokenizer(client, "http://t", style="sglang", post=post, max_bytes=4096)
+    assert await tokenizer.count("a bb ccc") == 3
+    assert seen == [("http://t/v1/tokenize", 4096)]

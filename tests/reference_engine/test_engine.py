@@ -9,7 +9,7 @@ from engine_canaries import Canaries
 from engine_helpers import settle, small_config, wait_until
 
 from reference_engine.engine import DisaggregatedEngine
-from reference_engine.interfaces import GenerateRequest
+from reference_engine.interfaces import GenerateRequest, HeadOut
 
 
 async def test_a_request_quotes_its_own_prompt_and_drains(canaries: Canaries) -> None:
@@ -93,6 +93,7 @@ async def test_a_disconnect_mid_stream_aborts_on_both_sides(canaries: Canaries) 
         req = GenerateRequest("a", tuple(prompt.input_ids), 400, bootstrap_room=77)
         prefill = asyncio.create_task(engine.prefill.generate(req))
         stream = engine.decode.generate(req)
+        assert isinstance(await anext(stream), HeadOut)  # the reservation is published
         first = await anext(stream)
         assert first.token_id in prompt.input_ids  # type: ignore[union-attr]
         await stream.aclose()  # the client went away

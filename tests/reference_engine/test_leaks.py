@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from engine_canaries import Canaries
@@ -24,6 +25,36 @@ from reference_engine.interfaces import PageChunk, TransferStatus
 from reference_engine.transfer import InProcessTransfer
 
 LEAK, ERROR, CLEAN = "leak", "error", "clean"
+README = Path(__file__).parents[2] / "README.md"
+_MATRIX_HEADER = "| fix alone | over-pool prompt | abort mid-transfer |"
+
+
+def readme_matrix() -> dict[str, tuple[str, str]]:
+    """README's bug x fix table: fix ("" for none) -> (over-pool cell, abort cell)."""
+    lines = README.read_text().splitlines()
+    start = lines.index(_MATRIX_HEADER) + 2  # past the header and its |---| line
+    rows: dict[str, tuple[str, str]] = {}
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        fix, over_pool_cell, abort_cell = (c.strip() for c in line.strip("|").split("|"))
+        rows["" if fix == "none" else fix.strip("`")] = (over_pool_cell, abort_cell)
+    return rows
+
+
+def described(result: EngineResult, measured: str) -> str:
+    """How README's matrix opens a cell for this measured result."""
+    if measured == ERROR:
+        return f"error {result.status}"
+    if measured == CLEAN and result.finish.prompt_tokens != result.prefill_finish.prompt_tokens:
+        return "no foreign canary"  # 200 over pages prefill never wrote (zero_on_free)
+    return measured
+
+
+def assert_readme_says(fix: str, column: int, result: EngineResult, measured: str) -> None:
+    """The README table is this measurement: its cell starts with what was measured."""
+    cell = readme_matrix()[fix][column]
+    assert cell.startswith(described(result, measured)), (fix, column, cell)
 
 
 def outcome(result: EngineResult, canaries: Canaries, own: str) -> str:
@@ -67,6 +98,7 @@ async def test_vulnerable_answers_the_over_pool_prompt_from_victims_pages(
     assert result.status == 200
     assert result.prefill_finish.status == 200
     assert result.prefill_finish.prompt_tokens == 1  # SGLang #33507
+    assert_readme_says("", 0, result, LEAK)
     assert canaries.foreign(result.text, "attacker")  # found by content, at the default noise
     assert "attacker" not in canaries.owners(result.text)  # its prompt was never prefilled
 
@@ -76,6 +108,7 @@ async def test_each_fix_alone_on_the_over_pool_prompt(canaries: Canaries, fix: s
     async with DisaggregatedEngine(small_config(fixes=frozenset({fix}))) as engine:
         result = await over_pool(engine, canaries)
     assert outcome(result, canaries, "attacker") == OVER_POOL[fix]
+    assert_readme_says(fix, 0, result, OVER_POOL[fix])
     if OVER_POOL[fix] == ERROR:
         assert result.finish.error is not None
         assert result.token_ids == ()
@@ -106,6 +139,7 @@ async def test_pools_that_cover_the_context_serve_the_same_prompt_honestly(
     assert outcome(result, canaries, "attacker") == CLEAN
     assert canaries.owners(result.text) == {"attacker"}
     assert result.prefill_finish.prompt_tokens == 900
+    assert_readme_says("pool_covers_context", 0, result, CLEAN)
 
 
 # ---- mid-transfer abort -----------------------------------------------------------------
@@ -194,6 +228,7 @@ async def mid_transfer_abort(
 async def test_mid_transfer_abort_with_each_fix_alone(canaries: Canaries, fix: str) -> None:
     result, landed_on = await mid_transfer_abort(canaries, fixes=frozenset({fix} if fix else ()))
     assert outcome(result, canaries, "B") == MID_TRANSFER[fix]
+    assert_readme_says(fix, 1, result, MID_TRANSFER[fix])
     # the vulnerable decode handed A's pages to B before A's write landed; deferred_release
     # held them, so the write landed on pages that were still A's
     assert set(landed_on) == ({"A"} if fix == "deferred_release" else {"B"})

@@ -23,6 +23,7 @@ from reference_engine.config import EngineConfig
 from reference_engine.engine import DisaggregatedEngine
 from reference_engine.interfaces import (
     FinishOut,
+    HeadOut,
     KVPoll,
     PageChunk,
     TransferBackend,
@@ -175,6 +176,8 @@ async def drop_a_large_request_mid_write(canaries: Canaries, fixes: frozenset[st
         text, num_after_landing = [], 0
         async for event in stream:
             assert not isinstance(event, FinishOut), f"B ended before A's write landed: {event}"
+            if isinstance(event, HeadOut):
+                continue
             text.append(event.text)
             num_after_landing += answer_a.done()  # A's answer waits for its write to drain
             if num_after_landing > 4 * config.page_size:

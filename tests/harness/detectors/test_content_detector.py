@@ -163,8 +163,9 @@ def test_excerpt_shows_canaries_and_hides_everything_else(run: Run) -> None:
     assert excerpt is not None
     assert canary in excerpt
     assert "chars redacted, sha256:" in excerpt
+    rest = excerpt.replace(canary, " ")  # what is shown besides the canary itself
     for word in set(SECRET.split()) | {"quarterly", "revenue", "million"}:
-        assert word not in excerpt
+        assert word not in rest
     assert excerpt.startswith("[… ")
     assert excerpt.endswith(" …]")
 

@@ -16,13 +16,18 @@ ENGINE_DISTRIBUTIONS = ("torch", "fastapi", "uvicorn", "prometheus-client")
 # Runs the CLI in a fresh interpreter in which the engine's modules cannot be found, as in
 # an environment where only `pip install kvcanary` was done.
 _WITHOUT_ENGINE = """
-import importlib.abc, importlib.machinery, sys
+import importlib.abc, importlib.machinery, importlib.metadata, sys
 HIDDEN = {"torch", "fastapi", "uvicorn", "prometheus_client"}
 class Hide(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in HIDDEN:
             return None
         return importlib.machinery.PathFinder.find_spec(name, path, target)
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        hidden = {n.replace("_", "-") for n in HIDDEN}
+        for dist in importlib.machinery.PathFinder.find_distributions(context):
+            if dist.metadata["Name"].lower() not in hidden:
+                yield dist
 sys.meta_path[:] = [
     Hide() if f is importlib.machinery.PathFinder else f for f in sys.meta_path
 ]

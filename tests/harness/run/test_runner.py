@@ -127,7 +127,7 @@ class FakeScan:
         self.plan = plan
         self.hits: list[Hit] = []
 
-    def feed(self, chunk: str) -> list[Finding]:
+    def feed(self, chunk: str, field: str = "content") -> list[Finding]:
         if "LEAK" not in chunk:
             return []
         finding = Finding(
@@ -182,6 +182,7 @@ def make_runner(
     index: FakeIndex | None = None,
     grace_s: float = 5.0,
     workload_streams: dict[Intent, Iterator[RequestPlan]] | None = None,
+    admit: Callable[[RequestPlan], bool] | None = None,
 ) -> Runner:
     return Runner(
         sender=sender,
@@ -193,6 +194,7 @@ def make_runner(
         pacing=pacing,
         budget=budget,
         grace_s=grace_s,
+        admit=admit,
     )
 
 

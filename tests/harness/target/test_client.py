@@ -65,7 +65,8 @@ STREAM_OBJECTS = (
         },
     },
 )
-STREAM_TEXT = "Repeat: thinking héllo wörld ✓ end"
+STREAM_TEXT = "Repeat: \nthinking \nhéllo wörld ✓ end"
+"""The field changes twice (content, reasoning_content, content): a separator each time."""
 
 
 class Pieces(httpx.AsyncByteStream):
@@ -164,12 +165,17 @@ def test_bad_base_url_is_a_config_error(url: str) -> None:
 @pytest.mark.parametrize("piece_size", [1, 2, 7, 61, 10_000])
 async def test_sse_split_anywhere_gives_the_same_observation(piece_size: int) -> None:
     body = sse(*STREAM_OBJECTS)
-    deltas: list[str] = []
+    deltas: list[tuple[str, str]] = []
     client = target(lambda request: event_stream(Pieces(split(body, piece_size))))
-    observation = await send(client, on_text=deltas.append)
+    observation = await send(client, on_text=lambda *delta: deltas.append(delta))
     assert observation.error_kind is None, observation.error
     assert observation.text == STREAM_TEXT
-    assert deltas == ["Repeat: ", "thinking ", "héllo wörld ✓", " end"]
+    assert deltas == [
+        ("Repeat: ", "content"),
+        ("\nthinking ", "reasoning_content"),
+        ("\nhéllo wörld ✓", "content"),
+        (" end", "content"),
+    ]
     assert observation.num_chunks == 4
     assert observation.num_text_chars == len(STREAM_TEXT)
     assert observation.finish_reason == "stop"
@@ -399,7 +405,7 @@ async def test_deadline_bounds_a_whole_request() -> None:
 
 
 async def test_detector_errors_are_not_swallowed() -> None:
-    def detector(delta: str) -> None:
+    def detector(delta: str, field: str = "content") -> None:
         raise ZeroDivisionError("detector bug")
 
     client = target(lambda request: event_stream(Pieces([sse(chat_chunk("a", finish="stop"))])))

@@ -31,6 +31,7 @@ from harness.record.journal import encode_event
 from harness.record.observation import ErrorKind
 from harness.target.calibration import measure_prompt_token_offset
 from harness.target.client import TargetClient, make_http_client
+from harness.target.http_client import Backend
 from harness.target.server_info import read_engine_facts
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
@@ -122,10 +123,10 @@ class HeapPeak:
 
 @pytest.mark.parametrize(("fault", "kind", "bounded"), COMPLETION_FAULTS)
 async def test_every_completion_fault_ends_in_a_journaled_observation(
-    url: str, fault: str, kind: ErrorKind | None, bounded: bool
+    url: str, fault: str, kind: ErrorKind | None, bounded: bool, backend: Backend
 ) -> None:
     with HeapPeak(bounded) as heap:
-        async with make_http_client(timeout=TIMEOUT) as http:
+        async with make_http_client(timeout=TIMEOUT, backend=backend) as http:
             client = TargetClient(
                 http, f"{url}/{fault}", model="m", max_response_bytes=CAP, deadline_s=DEADLINE_S
             )
@@ -150,28 +151,6 @@ async def test_every_completion_fault_ends_in_a_journaled_observation(
     assert from_record(json.loads(line)) == ObservationRecorded(observation)
 
 
-@pytest.mark.parametrize(
-    ("fault", "kind"),
-    [("gzip_bomb", "too_large"), ("deflate_bomb", "too_large"), ("gzip_ok", None)],
-)
-async def test_compressed_answers_are_bounded_with_the_aiohttp_backend_too(
-    url: str, fault: str, kind: ErrorKind | None
-) -> None:
-    pytest.importorskip("httpx_aiohttp")
-    with HeapPeak(True) as heap:
-        async with make_http_client(timeout=TIMEOUT, backend="aiohttp") as http:
-            client = TargetClient(
-                http, f"{url}/{fault}", model="m", max_response_bytes=CAP, deadline_s=DEADLINE_S
-            )
-            observation = await client.send(
-                plan(), Tenant(name="tenant-0"), t_scheduled_ns=time.perf_counter_ns()
-            )
-    assert observation.error_kind == kind, observation.error
-    assert heap.peak < HEAP_BOUND, f"{fault}: heap peak {heap.peak / 2**20:.1f} MiB"
-    if kind is None:
-        assert observation.text == "word0 word1 word2 "
-
-
 # fault -> what the attempt at the faulty path must say, bounded heap
 DISCOVERY_FAULTS: list[tuple[str, str, str, bool]] = [
     ("models_hang", "/v1/models", "Timeout|within", False),
@@ -185,10 +164,10 @@ DISCOVERY_FAULTS: list[tuple[str, str, str, bool]] = [
 
 @pytest.mark.parametrize(("fault", "path", "error", "bounded"), DISCOVERY_FAULTS)
 async def test_every_discovery_fault_is_a_recorded_attempt(
-    url: str, fault: str, path: str, error: str, bounded: bool
+    url: str, fault: str, path: str, error: str, bounded: bool, backend: Backend
 ) -> None:
     with HeapPeak(bounded) as heap:
-        async with make_http_client(timeout=httpx.Timeout(300.0)) as http:
+        async with make_http_client(timeout=httpx.Timeout(300.0), backend=backend) as http:
             facts = await read_engine_facts(http, f"{url}/{fault}", timeout_s=DISCOVERY_TIMEOUT_S)
     attempt = next(a for a in facts.attempts if a.url.endswith(path))
     assert attempt.error is not None
@@ -251,8 +230,10 @@ def resetting_url() -> Iterator[str]:
         listener.close()
 
 
-async def test_a_reset_before_the_response_head_is_an_observation(resetting_url: str) -> None:
-    async with make_http_client(timeout=TIMEOUT) as http:
+async def test_a_reset_before_the_response_head_is_an_observation(
+    resetting_url: str, backend: Backend
+) -> None:
+    async with make_http_client(timeout=TIMEOUT, backend=backend) as http:
         client = TargetClient(http, resetting_url, model="m", deadline_s=DEADLINE_S)
         observation = await client.send(
             plan(), Tenant(name="tenant-0"), t_scheduled_ns=time.perf_counter_ns()

@@ -3,7 +3,8 @@ byte of the answer is sent again on a fresh connection, and the observation says
 request that received bytes, or failed on a new connection, is never retried.
 
 The server is a raw asyncio TCP server on a loopback port, so when a connection closes, and
-after how many bytes, is exactly what the test says (llama.cpp's race is the first case)."""
+after how many bytes, is exactly what the test says (llama.cpp's race is the first case).
+Every case runs on both client backends."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import httpx
 from harness.record.events import ObservationRecorded, from_record, to_record
 from harness.record.observation import Observation
 from harness.target.client import TargetClient, make_http_client
+from harness.target.http_client import Backend
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 
@@ -101,18 +103,22 @@ def plan(number: int) -> RequestPlan:
     )
 
 
-async def two_requests(server: RawServer) -> tuple[list[Observation], httpx.AsyncClient]:
-    http = make_http_client(max_concurrency=1)
+async def two_requests(
+    server: RawServer, backend: Backend
+) -> tuple[list[Observation], httpx.AsyncClient]:
+    http = make_http_client(max_concurrency=1, backend=backend)
     client = TargetClient(http, server.url, model="m", stream=False)
     first = await client.send(plan(1), TENANT, t_scheduled_ns=0)
     second = await client.send(plan(2), TENANT, t_scheduled_ns=0)
     return [first, second], http
 
 
-async def test_a_reused_connection_closed_without_a_byte_is_retried_once_on_a_fresh_one() -> None:
+async def test_a_reused_connection_closed_without_a_byte_is_retried_once_on_a_fresh_one(
+    backend: Backend,
+) -> None:
     # each connection answers its first request and closes silently on the second
     async with raw_server("answer", "close") as server:
-        (first, second), http = await two_requests(server)
+        (first, second), http = await two_requests(server, backend)
         await http.aclose()
     assert first.ok
     assert first.retry is None
@@ -126,10 +132,10 @@ async def test_a_reused_connection_closed_without_a_byte_is_retried_once_on_a_fr
     assert from_record(record) == ObservationRecorded(second)
 
 
-async def test_a_request_that_received_bytes_is_never_retried() -> None:
+async def test_a_request_that_received_bytes_is_never_retried(backend: Backend) -> None:
     # a partial status line, then the close: httpx says the same words, but bytes came
     async with raw_server("answer", b"HTTP/1.1 20") as server:
-        (first, second), http = await two_requests(server)
+        (first, second), http = await two_requests(server, backend)
         await http.aclose()
     assert first.ok
     assert second.retry is None
@@ -138,9 +144,9 @@ async def test_a_request_that_received_bytes_is_never_retried() -> None:
     assert server.num_connections == 1
 
 
-async def test_a_fresh_connection_closed_without_a_byte_is_not_retried() -> None:
+async def test_a_fresh_connection_closed_without_a_byte_is_not_retried(backend: Backend) -> None:
     async with raw_server("close") as server:
-        http = make_http_client(max_concurrency=1)
+        http = make_http_client(max_concurrency=1, backend=backend)
         client = TargetClient(http, server.url, model="m", stream=False)
         obs = await client.send(plan(1), TENANT, t_scheduled_ns=0)
         await http.aclose()
@@ -150,9 +156,9 @@ async def test_a_fresh_connection_closed_without_a_byte_is_not_retried() -> None
     assert (server.num_connections, server.num_requests) == (1, 1)
 
 
-async def test_a_retry_that_fails_too_is_reported_as_its_failure() -> None:
+async def test_a_retry_that_fails_too_is_reported_as_its_failure(backend: Backend) -> None:
     async with raw_server("answer", "close") as server:
-        http = make_http_client(max_concurrency=1)
+        http = make_http_client(max_concurrency=1, backend=backend)
         client = TargetClient(http, server.url, model="m", stream=False)
         assert (await client.send(plan(1), TENANT, t_scheduled_ns=0)).ok
         server.replies = ["close"]  # from now on, new connections close without a byte

@@ -8,7 +8,7 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal, cast
+from typing import Any
 
 import httpx
 import misbehaving_server as server
@@ -16,6 +16,7 @@ import pytest
 
 from harness.record.observation import Observation
 from harness.target.client import TargetClient, make_http_client
+from harness.target.http_client import Backend
 from tenants.plan import ApiStyle, RequestPlan
 from tenants.tenant import Tenant
 
@@ -23,7 +24,6 @@ TENANT = Tenant(name="tenant-0")
 MAX_BYTES = 1024 * 1024
 READ_TIMEOUT = httpx.Timeout(5.0, read=0.5)
 ASGI_ROOT = "http://in-process"
-Backend = Literal["httpx", "aiohttp"]
 
 
 def make_plan(api: ApiStyle = "chat", max_tokens: int = 4, **overrides: Any) -> RequestPlan:
@@ -48,14 +48,6 @@ def live_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["httpx", "aiohttp"])
-def backend(request: pytest.FixtureRequest) -> Backend:
-    """Which library does the TCP I/O under the httpx API."""
-    if request.param == "aiohttp":
-        pytest.importorskip("httpx_aiohttp")
-    return cast(Backend, request.param)
-
-
 def tcp_client(backend: Backend, read_s: float = 0.5) -> httpx.AsyncClient:
     return make_http_client(timeout=httpx.Timeout(5.0, read=read_s), backend=backend)
 
@@ -63,14 +55,12 @@ def tcp_client(backend: Backend, read_s: float = 0.5) -> httpx.AsyncClient:
 @pytest.fixture(params=["asgi", "uvicorn", "uvicorn-aiohttp"])
 async def http(request: pytest.FixtureRequest, live_url: str) -> AsyncIterator[tuple[Any, str]]:
     """An httpx client and the server root it reaches: in-process, or over TCP with
-    httpcore or (where httpx-aiohttp is installed) aiohttp doing the I/O."""
+    httpcore or aiohttp doing the I/O."""
     if request.param == "asgi":
         transport = httpx.ASGITransport(app=server.app)
         async with httpx.AsyncClient(transport=transport, timeout=READ_TIMEOUT) as client:
             yield client, ASGI_ROOT
         return
-    if request.param == "uvicorn-aiohttp":
-        pytest.importorskip("httpx_aiohttp")
     backend: Backend = "aiohttp" if request.param == "uvicorn-aiohttp" else "httpx"
     async with make_http_client(timeout=READ_TIMEOUT, backend=backend) as client:
         yield client, live_url

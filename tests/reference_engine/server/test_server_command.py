@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from harness.cli import main
+from harness.cli import build_parser, main
 from reference_engine.config import FIXES, PRESETS
 
 
@@ -22,7 +22,8 @@ def test_help_explains_every_preset_and_fix(capsys: pytest.CaptureFixture[str]) 
         assert f"  {name} " in text, name
     for ref in ("#30233", "#38935", "#38704", "#39500", "#35049"):
         assert ref in text
-    for switch in ("--processes", "--allow-remote", "--prefill-pool-tokens", "--context-length"):
+    switches = ("--processes", "--allow-remote", "--prefill-pool-tokens", "--context-length")
+    for switch in (*switches, "--copy-noise", "--dtype"):
         assert switch in text
 
 
@@ -80,3 +81,34 @@ def test_serve_prints_its_url_answers_and_exits_0_on_ctrl_c(processes: bool) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--copy-noise", "1.5"], "--copy-noise"),
+        (["--copy-noise", "-0.1"], "--copy-noise"),
+        (["--copy-noise", "nan"], "--copy-noise"),
+        (["--copy-noise", "lots"], "--copy-noise"),
+        (["--dtype", "float64"], "--dtype"),
+    ],
+)
+def test_a_bad_copy_noise_or_dtype_is_a_one_line_error(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert flag in err
+
+
+def test_copy_noise_and_dtype_reach_the_engine_config() -> None:
+    from reference_engine.server.command import _overrides
+    from reference_engine.server.launch import make_config
+
+    args = build_parser().parse_args(["serve", "--copy-noise", "0.05", "--dtype", "bfloat16"])
+    config = make_config(args.preset, args.fix, **_overrides(args))
+    assert (config.copy_noise, config.dtype) == (0.05, "bfloat16")
+    default = build_parser().parse_args(["serve"])
+    assert "copy_noise" not in _overrides(default)
+    assert "dtype" not in _overrides(default)

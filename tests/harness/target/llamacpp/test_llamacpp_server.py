@@ -146,3 +146,39 @@ def test_a_run_against_llamacpp_is_clean(
     assert status == 0, printed.out
     assert printed.out.startswith("verdict: CLEAN")
     assert "calibration: " in printed.err
+
+
+@pytest.mark.parametrize("llama_server", ["bytes"], indirect=True)
+def test_a_byte_level_model_runs_clean_with_a_stated_window(
+    llama_server: LlamaServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Canaries of a byte-level vocabulary are too long to be attributed per 80-token page:
+    the run laces for the densest window, says so once, records it, and is clean; with
+    --strict-page-size the same run is refused in one line."""
+    out = tmp_path / "run"
+    argv = ["run", "--target", llama_server.url, "--api", "completions", "--page-size", "80"]
+    argv += ["--tokenizer", str(llama_server.model.tokenizer_json)]
+    argv += ["--requests", "16", "--concurrency", "2", "--seed", "5"]
+    status = main([*argv, "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-600:]
+    assert printed.out.startswith("verdict: CLEAN")
+    [note] = [line for line in printed.err.splitlines() if "canaries: every " in line]
+    assert "pages of 80 tokens are not individually attributable" in note
+    started = json.loads((out / "journal.jsonl").read_text().splitlines()[0])
+    canaries = started["canaries"]
+    assert canaries["page_size"] == 80
+    assert not canaries["per_page"]
+    assert canaries["guaranteed_window"] == 2 * canaries["canary_tokens"] - 1 > 80
+    assert f"every {canaries['guaranteed_window']}-token window" in note
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["canaries"]["guarantee"] == canaries["guarantee"]
+
+    status = main([*argv, "--strict-page-size", "--out", str(tmp_path / "strict")])
+    printed = capsys.readouterr()
+    assert status == 2
+    [line] = printed.err.strip().splitlines()
+    assert line.startswith("kvcanary: error: --page-size 80: ")
+    assert "at least 91 tokens" in line
+    assert "--strict-page-size" in line
+    assert "Traceback" not in printed.err

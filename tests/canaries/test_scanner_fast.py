@@ -1,0 +1,127 @@
+"""The fast scanning path agrees with the pure-Python reference on any text and chunking."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from canaries import WORDS, CanaryIndex, CanaryMinter, Hit, Owner
+from canaries.scanner_fast import MAX_MATCH, fold_bytes
+
+ALICE, BOB = Owner("alice", "a-1"), Owner("bob", "b-1")
+
+
+@pytest.fixture(scope="module")
+def live(minter: CanaryMinter) -> list[str]:
+    return minter.mint_many(0, 1, range(8)) + minter.mint_many(1, 1, range(8))
+
+
+@pytest.fixture(scope="module")
+def index(minter: CanaryMinter, live: list[str]) -> CanaryIndex:
+    index = CanaryIndex(minter)
+    index.add_many((canary, ALICE if i < 8 else BOB) for i, canary in enumerate(live))
+    return index
+
+
+def disguise(canary: str, how: int) -> str:
+    words = canary.split(" ")
+    if how == 0:
+        return canary.upper()
+    if how == 1:
+        return "-".join(words)
+    if how == 2:
+        return " ".join(w[:2] + "\u200b" + w[2:] for w in words)  # zero-width, inside words
+    if how == 3:
+        return "\uff59\uff44\uff4b " + " ".join(words[1:])  # full-width tag
+    if how == 4:
+        return "  ".join(words)  # double spaces: a tag run, never a fragment
+    return canary + "\u200b" + WORDS[how]  # an invisible, then another word
+
+
+def pieces(live: list[str], foreign: list[str]) -> st.SearchStrategy[str]:
+    canary = st.sampled_from(live)
+    words = st.lists(st.sampled_from(WORDS), min_size=1, max_size=8).map(" ".join)
+    fragment = st.tuples(canary, st.integers(0, 2), st.integers(4, 6)).map(
+        lambda t: " ".join(t[0].split(" ")[1 + t[1] : 1 + t[1] + t[2]])
+    )
+    filler = st.sampled_from(
+        [" ", ". ", "\n\n", ", it\u2019s \u201cso\u201d \u2014 ", " caf\u00e9 ", " 42 ", " ydk "]
+    )
+    long_filler = st.integers(1, 3).map(lambda n: "The farmer waited by the bridge. " * 10 * n)
+    return st.one_of(
+        canary,
+        st.tuples(canary, st.integers(0, 5)).map(lambda t: disguise(*t)),
+        fragment,
+        st.sampled_from(foreign),
+        words,
+        filler,
+        long_filler,
+        st.sampled_from(["\U0001f600", "\ufb03", "e\u0301", "\u00ad"]),  # astral, ligature, ...
+    )
+
+
+def scan(index: CanaryIndex, text: str, cuts: Sequence[int], block: int, ref: bool) -> list[Hit]:
+    scanner = index.scanner(scan_block=block, reference=ref)
+    hits, previous = [], 0
+    for cut in [*sorted(cuts), len(text)]:
+        hits += scanner.feed(text[previous:cut])
+        previous = cut
+    return hits + scanner.finish()
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fast_path_reports_exactly_the_oracles_hits(
+    data: st.DataObject,
+    index: CanaryIndex,
+    live: list[str],
+    other_minter: CanaryMinter,
+) -> None:
+    foreign = other_minter.mint_many(0, 1, range(4))
+    text = "".join(data.draw(st.lists(pieces(live, foreign), max_size=30)))
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    block = data.draw(st.sampled_from([1, 7, 64, 1000, 1 << 15]))
+    assert scan(index, text, cuts, block, ref=False) == scan(index, text, cuts, block, ref=True)
+
+
+def test_seeds_far_apart_are_resolved_in_separate_windows(
+    index: CanaryIndex, live: list[str], other_minter: CanaryMinter
+) -> None:
+    far = " The farmer waited by the bridge. " * (3 * MAX_MATCH // 30)
+    fragment = " ".join(live[3].split(" ")[2:7])
+    parts = [live[0], disguise(live[1], 0), fragment, other_minter.mint_many(0, 1, [0])[0]]
+    text = far + far.join(parts) + far + live[2]
+    hits = index.scan(text)
+    assert hits == index._find_oracle(" " + text + " ", -1, -1, len(text))
+    assert [h.layer for h in hits] == ["exact", "normalized", "fragment", "exact", "exact"]
+    assert [h.owner for h in hits] == [ALICE, ALICE, ALICE, None, ALICE]
+
+
+def test_windows_that_cut_through_an_exact_canary_report_no_piece_of_it(
+    index: CanaryIndex, live: list[str]
+) -> None:
+    seed = disguise(live[1], 0)  # resolved by the oracle in a window around it
+    for gap in range(MAX_MATCH - 60, MAX_MATCH + 8):
+        for text in (seed + " " * gap + live[0] + ".", live[0] + " " * gap + seed + "."):
+            hits = index.scan(text)
+            assert hits == scan(index, text, [], 1 << 15, ref=True)
+            assert [h.layer for h in hits].count("exact") == 1, gap
+
+
+def test_echoed_canaries_back_to_back_are_exact_hits(index: CanaryIndex, live: list[str]) -> None:
+    text = " ".join(live) + ". " + "\n".join(live)
+    hits = index.scan(text)
+    assert hits == scan(index, text, [], 1 << 15, ref=True)
+    assert [h.canary for h in hits] == live + live
+    assert {h.layer for h in hits} == {"exact"}
+
+
+def test_folding_in_bytes_is_one_to_one_or_refused() -> None:
+    assert fold_bytes("Ydk Word") == b"ydk word"
+    assert fold_bytes("caf\u00e9 \u201cok\u201d") == b"cafe  ok "
+    assert fold_bytes("\uff59\uff44\uff4b") == b"ydk"
+    for refused in ["a\u200bb", "\ufb03", "e\u0301", "\U0001f600", "\u00ad"]:
+        assert fold_bytes(refused) is None
