@@ -18,19 +18,21 @@ words; N = 1 is the bare tag ` ydk`) and lists no canary spans.
 The prompt is built by construction from pieces whose token counts are known (canary
 pieces from `canaries.costs`, filler from `canaries.prose`) and checked with one pass of
 the tokenizer over its text. Canaries are minted and laid out a chunk at a time, and each
-chunk's segment of text is counted (in one worker thread, for tokenizers that release the
-GIL) while the next is minted, so a 1M-token prompt costs little more than that pass; a
-short window across each cut between segments is counted too, so a merge at a cut is seen.
-If a tokenizer merged tokens across a piece boundary, the first
-offending boundary is located by bisection and the filler next to it swapped for another
-variant of the same length; if that cannot fix it, `CanaryError`. In cl100k_base every
-piece starts with a space and ends with a letter or punctuation, so boundaries never merge.
-Every prompt starts with a space (the tag's). This module knows nothing about detection.
+chunk's segment of text is counted (where at least `_MIN_CPUS_TO_THREAD` CPUs are usable,
+in one worker thread while the next is minted, for tokenizers that release the GIL), so a
+1M-token prompt costs little more than that pass; a short window across each cut between
+segments is counted too, so a merge at a cut is seen. If a tokenizer merged tokens across a
+piece boundary, the first offending boundary is located by bisection and the filler next to
+it swapped for another variant of the same length; if that cannot fix it, `CanaryError`. In
+cl100k_base every piece starts with a space and ends with a letter or punctuation, so
+boundaries never merge. Every prompt starts with a space (the tag's). This module knows
+nothing about detection.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +54,11 @@ _MAX_REPAIRS = 32
 _CHUNK_CANARIES = 16384
 """Canaries minted, laid out and handed to the counting thread at a time (~1/6 of a
 1,048,576-token prompt at page size 16); smaller chunks make minting dearer per canary."""
+_MIN_CPUS_TO_THREAD = 4
+"""Count in a worker thread only with this many usable CPUs: on the shared 2-core build
+machine counting in a thread measured slower than in line (1.4-1.5x one encode against
+1.0-1.1x at page size 64; 1.75-1.94x against 1.58-1.68x at 16; benchmarks/RESULTS.md,
+issue 18), the thread competing with other processes for the second core."""
 _PROSE_CACHE_SIZE = 64
 _prose_cache: dict[tuple[str, int, int, int], Prose] = {}
 
@@ -107,7 +114,8 @@ def build_prompt(
         NUM_VARIANTS, size=num_minted
     )
     builder = _Builder(tokenizer, minter, prose, variants)
-    with _Counter(tokenizer, num_minted > _CHUNK_CANARIES) as counter:
+    threaded = num_minted > _CHUNK_CANARIES and _usable_cpus() >= _MIN_CPUS_TO_THREAD
+    with _Counter(tokenizer, threaded) as counter:
         if prose is not None:
             chunks = _prose_chunks(mint, costs, n, page_size, num_minted)
         else:
@@ -321,6 +329,13 @@ class _Counter:
 
     def all_exact(self) -> bool:
         return all(c if isinstance(c, bool) else c.result() for c in self._checks)
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _layout(

@@ -5,11 +5,13 @@
 the same hits for far less work, in three steps:
 
 1. **One-to-one folding in bytes.** When every character of the block folds to exactly one
-   character, the same in both readings (ASCII; Latin-1 and BMP text without invisible,
-   combining or expanding characters), the folding is a byte string aligned with the text:
-   `bytes.lower` for ASCII (enough to find the tag), `bytes.translate` for Latin-1, a
-   numpy lookup table for the BMP. Anything else (a zero-width space, a ligature, an
-   astral character) sends the whole block to the oracle.
+   character, the same in both readings (ASCII; BMP text without invisible, combining or
+   expanding characters), the folding is a byte string aligned with the text: an ASCII
+   encode, lower-cased (enough to find the tag), whose codec error handler replaces each
+   run of non-ASCII characters by their foldings (`str.translate` with a table filled on
+   first sight), so the ASCII stretches between runs are copied at C speed. Anything else
+   (a zero-width space, a ligature, an astral character) sends the whole block to the
+   oracle.
 2. **Seeds.** Every match of any layer starts at a tag (`ydk` in the folding) or at a
    fragment window (" aaaaaa" * k + " " in the shape of the folding), both found with
    `bytes.find` at memory speed. Benign text has almost none.
@@ -29,6 +31,7 @@ The tests compare this path with the oracle on random texts and chunkings.
 
 from __future__ import annotations
 
+import codecs
 from itertools import compress, repeat
 from typing import TYPE_CHECKING
 
@@ -44,9 +47,10 @@ if TYPE_CHECKING:
 MAX_MATCH = 512
 """Window half-width around a seed the oracle resolves (= `canaries.index.MAX_MATCH`)."""
 
-_HARMFUL = 254  # lookup-table value: the character does not fold one-to-one
-_UNKNOWN = 255  # lookup-table value: not looked at yet
-_HARMFUL_BYTE = bytes([_HARMFUL])
+_HARMFUL = "\x7f"
+"""What a character that does not fold one-to-one becomes (a literal DEL in the text also
+sends its block to the oracle: correct, only slower)."""
+_HARMFUL_BYTE = _HARMFUL.encode()
 _TAG = TAG.encode()
 _SPACE, _LETTER, _DIGIT = 32, 97, 48
 _SHAPE = bytes(
@@ -56,42 +60,43 @@ _SHAPE = bytes(
 """Shape of a byte of ASCII text or of a folding: letters `a`, digits `0`, the rest space
 (ASCII letters in either case: fold them or not, the shape is the same)."""
 
-_BMP = np.full(1 << 16, _UNKNOWN, np.uint8)
-_BMP[:128] = np.frombuffer(_ASCII_BYTES_TABLE[:128], np.uint8)
-_BMP[0xD800:0xE000] = _HARMFUL  # surrogates: an astral character, or a lone half
+
+class _RunTable(dict[int, str]):
+    """str.translate table: a non-ASCII character to its one-character folding when it has
+    one, the same in both readings, else to `_HARMFUL` (astral characters and surrogates
+    too: a block holding one goes to the oracle whole)."""
+
+    def __missing__(self, code: int) -> str:
+        value = _HARMFUL
+        if code <= 0xFFFF and not 0xD800 <= code < 0xE000:
+            char = chr(code)
+            deleted = _fold_char(char)
+            if len(deleted) == 1 and deleted == _fold_char(char, invisible_as_space=True):
+                value = deleted
+        self[code] = value
+        return value
 
 
-def _fill(codes: np.ndarray) -> None:
-    """Looks up the one-to-one folding of characters not seen before."""
-    for code in np.unique(codes).tolist():
-        char = chr(code)
-        deleted, spaced = _fold_char(char), _fold_char(char, invisible_as_space=True)
-        one = len(deleted) == 1 and deleted == spaced
-        _BMP[code] = ord(deleted) if one else _HARMFUL
+_RUNS = _RunTable()
 
 
-_fill(np.arange(128, 256))
-_LATIN1 = _BMP[:256].tobytes()
+def _fold_run(error: UnicodeError) -> tuple[str, int]:
+    """Codec error handler: the one-to-one folding of one run of non-ASCII characters."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    return error.object[error.start : error.end].translate(_RUNS), error.end
+
+
+codecs.register_error("kvcanary-fold-bytes", _fold_run)
 
 
 def fold_bytes(text: str) -> bytes | None:
     """A byte string aligned with `text` whose letters, and their positions, are those of
-    its folding (for ASCII text, the text lower-cased: that is all the seeds need); None
-    when some character does not fold one-to-one, the same in both readings."""
+    its folding (ASCII characters only lower-cased: that is all the seeds need); None when
+    some character does not fold one-to-one, the same in both readings."""
     if text.isascii():
         return text.encode("ascii").lower()
-    try:
-        folded = text.encode("latin-1").translate(_LATIN1)
-    except UnicodeEncodeError:
-        raw = text.encode("utf-16-le", "surrogatepass")
-        if len(raw) != 2 * len(text):  # an astral character: two code units
-            return None
-        codes = np.frombuffer(raw, np.uint16)
-        table = _BMP[codes]
-        if table.max() == _UNKNOWN:
-            _fill(codes[table == _UNKNOWN])
-            table = _BMP[codes]
-        folded = table.tobytes()
+    folded = text.encode("ascii", "kvcanary-fold-bytes").lower()
     return None if folded.find(_HARMFUL_BYTE) >= 0 else folded
 
 

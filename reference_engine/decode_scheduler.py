@@ -27,6 +27,7 @@ from reference_engine.allocator import PageAllocator
 from reference_engine.config import EngineConfig
 from reference_engine.finish import FinishAbort
 from reference_engine.interfaces import KVPoll
+from reference_engine.invariants import InvariantViolation
 from reference_engine.limits import SideLimits
 from reference_engine.page_tags import PageTags
 from reference_engine.sequence import Req
@@ -166,7 +167,8 @@ class DecodeScheduler:
         """The page for the token this step writes, taken from the reservation if new."""
         index = (req.num_tokens - 1) // self.page_size
         if index == len(req.page_ids):
-            assert req.num_reserved_pages > 0, f"{req.rid} outgrew its reservation"
+            if req.num_reserved_pages <= 0:  # a real check: it stops the side (-O keeps it)
+                raise InvariantViolation(f"{req.rid} outgrew its page reservation")
             page_id = self.allocator.allocate(1, req.rid)[0]
             req.page_ids.append(page_id)
             req.page_generations.append(self.allocator.generations[page_id])

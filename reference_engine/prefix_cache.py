@@ -32,6 +32,8 @@ import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from reference_engine.invariants import InvariantViolation
+
 Namespace = Hashable
 _ROOT_PAGE = -1
 
@@ -86,7 +88,8 @@ class PrefixCache:
 
     def unlock(self, path: Sequence[CacheNode]) -> None:
         for node in path:
-            assert node.lock_ref > 0, f"page {node.page_id} unlocked more often than locked"
+            if node.lock_ref <= 0:  # a real check: it stops the side (-O keeps it)
+                raise InvariantViolation(f"page {node.page_id} unlocked more often than locked")
             node.lock_ref -= 1
 
     # ---- insertion and eviction ---------------------------------------------------------

@@ -49,6 +49,8 @@ def timing_judgement(summary: dict[str, Any]) -> tuple[bool, str]:
     timing = summary.get("timing") or {}
     note = str(timing.get("note") or "")
     model = timing.get("model")
+    if "judged" in timing:  # the summary decided it (`judged`, and `reason` when not)
+        return bool(timing["judged"]), (note if timing["judged"] else str(timing["reason"]))
     if timing.get("not_judged"):
         return False, str(timing["not_judged"])
     if model is None:

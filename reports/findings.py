@@ -35,6 +35,8 @@ KIND_MEANINGS: dict[str, str] = {
     "another tenant's cache",
     FindingKind.POOL_SMALLER_THAN_CONTEXT: "an audit found a KV pool that cannot hold the "
     "advertised context",
+    FindingKind.ERROR_IN_SUCCESS: "a success status carrying an error instead of an answer "
+    "(an error object or an SSE error event)",
 }
 _SEVERITY_RANK = {str(severity): rank for rank, severity in enumerate(Severity)}
 

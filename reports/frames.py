@@ -40,11 +40,16 @@ from harness.record.events import (
 )
 from harness.record.journal import read_journal
 from harness.record.observation import Observation
-from reports.journal_scan import DELIBERATE_ERRORS, SlowPathNeeded, rare_events, request_table
+from reports.journal_scan import (
+    DELIBERATE_ERRORS,
+    MAX_ERROR_CHARS,
+    SlowPathNeeded,
+    rare_events,
+    request_frame,
+)
 from tenants.plan import RequestPlan
 
 CHUNK_ROWS = 16_384
-MAX_ERROR_CHARS = 200
 OUTCOMES = ("accepted", "rejected", "disconnected", "errored", "unanswered")
 
 _STR = pa.string()
@@ -305,19 +310,11 @@ def load_frames(run_dir: Path) -> RunFrames:
     """The tables of the run recorded in `run_dir`: through `reports.journal_scan` when it
     can read the journal exactly, else event by event (skipping damage with a warning)."""
     try:
-        events, longest_line = rare_events(run_dir)
-        frames = frames_from_events(events)
-        table = request_table(run_dir, longest_line)
+        scan = rare_events(run_dir)
+        frames = frames_from_events(scan.events)
+        requests = request_frame(run_dir, scan)
     except SlowPathNeeded:
         return frames_from_events(read_journal(run_dir))
-    columns = {}
-    for field in REQUEST_SCHEMA:  # one column at a time: never all of Arrow and pandas at once
-        column = table.column(field.name).cast(field.type)
-        table = table.drop_columns([field.name])
-        columns[field.name] = column.to_pandas(types_mapper=_TYPES.get, self_destruct=True)
-        del column
-    requests = pd.DataFrame(columns, copy=False)
-    del columns
     _add_limit_ratios(requests, frames.run)
     return dataclasses.replace(frames, requests=requests)
 

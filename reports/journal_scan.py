@@ -24,10 +24,13 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
@@ -49,8 +52,8 @@ _RECORD_START = b'{"type":"'
 """How `harness.record.journal.encode_event` starts every line (compact, `type` first)."""
 BLOCK_BYTES = 1 << 20
 """Arrow's parse block: small blocks keep the reader's buffers small."""
-MERGE_BLOCKS = 64
-"""Blocks merged into one batch as they are read (about 64k requests)."""
+MAX_ERROR_CHARS = 200
+"""An observation's error text is cut to this many characters in the request table."""
 DELIBERATE_ERRORS = ("disconnected", "cancelled")
 """Error kinds of requests the harness ended itself: an abort plan doing its job, Ctrl-C."""
 
@@ -93,23 +96,44 @@ class SlowPathNeeded(Exception):
     """This journal must be read event by event (see the module docstring)."""
 
 
-def rare_events(run_dir: Path) -> tuple[list[Event], int]:
-    """Every event that is not a plan or an observation, in journal order, and the length
-    of the longest line (a block must hold a whole line)."""
+@dataclass(frozen=True)
+class JournalScan:
+    """What one cheap pass over a journal's raw lines found."""
+
+    events: list[Event]
+    """Every event that is not a plan or an observation, in journal order."""
+    longest_line: int
+    """The longest line in bytes (a parse block must hold a whole line)."""
+    segments: tuple[tuple[Path, int], ...]
+    """Each segment and how many bytes of it were read: the request pass reads no more, so
+    a journal still being written gives both passes the same lines."""
+    num_plans: int
+    num_observations: int
+
+
+def rare_events(run_dir: Path) -> JournalScan:
+    """One pass over the raw lines: the rare events decoded, the request lines counted."""
     events: list[Event] = []
-    longest = 0
+    segments: list[tuple[Path, int]] = []
+    longest = num_plans = num_observations = 0
     for segment in journal_segments(run_dir):
+        size = 0
         with segment.open("rb") as handle:
             for line in handle:
+                size += len(line)
                 longest = max(longest, len(line))
                 if not line.endswith(b"}\n"):
                     if line.strip():
                         raise SlowPathNeeded(f"{segment.name}: a torn or corrupt line")
                     continue
-                if line.startswith(_REQUEST_PREFIXES):
-                    continue
-                events.append(_decode(line))
-    return events, longest
+                if line.startswith(PLAN_PREFIX):
+                    num_plans += 1
+                elif line.startswith(OBSERVATION_PREFIX):
+                    num_observations += 1
+                else:
+                    events.append(_decode(line))
+        segments.append((segment, size))
+    return JournalScan(events, longest, tuple(segments), num_plans, num_observations)
 
 
 def request_lines(run_dir: Path, request_ids: set[str]) -> Iterator[Event]:
@@ -148,35 +172,119 @@ def _decode(line: bytes) -> Event:
     return event
 
 
-def request_table(run_dir: Path, longest_line: int = 0) -> pa.Table:
+def request_frame(run_dir: Path, scan: JournalScan | None = None) -> pd.DataFrame:
     """One row per planned or observed request, columns as `reports.frames.REQUEST_SCHEMA`
-    (without the limit ratios): observations in journal order, then unanswered plans."""
-    plans: list[pa.RecordBatch] = []
-    observations: list[pa.RecordBatch] = []
+    (without the limit ratios): observations in journal order, then unanswered plans.
+
+    The columns are numpy arrays sized from the line counts of `scan` and filled block by
+    block as Arrow parses (string columns as codes into one category list per column), so
+    Arrow holds one block at a time besides the request ids, and no joined table exists:
+    the observations keep their order, only the plan columns are gathered by each
+    observation's plan, and each array becomes a pandas column as it is."""
+    scan = scan if scan is not None else rare_events(run_dir)
+    codes = _Codes()
+    plans = _Filled(_PLAN_KINDS, scan.num_plans)
+    observations = _Filled(_OBSERVATION_KINDS, scan.num_observations)
     options = pa_json.ParseOptions(explicit_schema=_LINE_SCHEMA, unexpected_field_behavior="ignore")
     # One thread and small blocks: parsing is not the slow part, and every block in
     # flight costs its buffers.
-    block = pa_json.ReadOptions(block_size=max(BLOCK_BYTES, 2 * longest_line), use_threads=False)
-    num_small = 0  # blocks since the last merge
-    for segment in journal_segments(run_dir):
+    size = max(BLOCK_BYTES, 2 * scan.longest_line)
+    block = pa_json.ReadOptions(block_size=size, use_threads=False)
+    for segment, num_bytes in scan.segments:
         try:
-            lines = pa.PythonFile(_RequestLines(segment), mode="r")
+            lines = pa.PythonFile(_RequestLines(segment, num_bytes), mode="r")
             for batch in pa_json.open_json(lines, read_options=block, parse_options=options):
-                plans.append(_plans(batch))
-                observations.append(_observations(batch))
-                num_small += 1
-                if num_small == MERGE_BLOCKS:
-                    _merge_tail(plans, num_small)
-                    _merge_tail(observations, num_small)
-                    num_small = 0
+                plans.add(_plans(batch, codes))
+                observations.add(_observations(batch, codes))
+                del batch
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise SlowPathNeeded(f"{segment.name}: {exc}") from exc
-    if not plans:
-        raise SlowPathNeeded("no plan or observation blocks")
-    plan = _columns(plans)
-    observed = _columns(observations)
-    del plans, observations
-    return _join(plan, observed)
+    if plans.filled != scan.num_plans or observations.filled != scan.num_observations:
+        raise SlowPathNeeded("the request lines parsed are not those counted")
+    return _join(plans, observations, codes)
+
+
+_Kind = Literal["id", "codes", "ints", "floats", "bools"]
+_PLAN_KINDS: dict[str, _Kind] = {
+    "request_id": "id",
+    **dict.fromkeys(_PLAN_COLUMNS, "codes"),
+    "num_prompt_tokens": "ints",
+    "max_tokens": "ints",
+    "num_canaries": "ints",
+}
+_OBSERVATION_KINDS: dict[str, _Kind] = {
+    "request_id": "id",
+    "observed_tenant": "codes",
+    "status": "ints",
+    "ok": "bools",
+    "outcome": "codes",
+    "error_kind": "codes",
+    "error": "codes",
+    "finish_reason": "codes",
+    "ttft_ms": "floats",
+    "queue_ms": "floats",
+    "total_ms": "floats",
+    "prompt_tokens": "ints",
+    "completion_tokens": "ints",
+    "cached_tokens": "ints",
+    "num_text_chars": "ints",
+    "num_chunks": "ints",
+    "text_redacted": "bools",
+    "t_wall": "floats",
+}
+_DTYPES: dict[_Kind, type[np.generic]] = {
+    "codes": np.int32,
+    "ints": np.int64,
+    "floats": np.float64,
+    "bools": np.bool_,
+}
+ID_MERGE_BLOCKS = 64
+"""Blocks of request ids merged into one array (compact buffers instead of many small)."""
+
+
+class _Filled:
+    """Columns of a known length, filled block by block; request ids as Arrow arrays."""
+
+    def __init__(self, kinds: dict[str, _Kind], length: int) -> None:
+        self.kinds = kinds
+        self.length = length
+        self.filled = 0
+        self.ids: list[pa.Array] = []
+        self.hashes = np.empty(length, np.uint64)
+        """Each request id's 64-bit hash: the join matches these, then checks the ids."""
+        self.num_unmerged = 0
+        self.arrays: dict[str, npt.NDArray[Any]] = {}
+        self.masks: dict[str, npt.NDArray[np.bool_]] = {}
+        for name, kind in kinds.items():
+            if kind != "id":
+                self.arrays[name] = np.empty(length, _DTYPES[kind])
+            if kind == "ints":
+                self.masks[name] = np.empty(length, np.bool_)
+
+    def add(self, block: dict[str, Any]) -> None:
+        ids = block.pop("request_id")
+        start, end = self.filled, self.filled + len(ids)
+        if end > self.length:
+            raise SlowPathNeeded("more request lines parsed than counted")
+        for name, part in block.items():
+            if isinstance(part, tuple):
+                self.arrays[name][start:end], self.masks[name][start:end] = part
+            else:
+                self.arrays[name][start:end] = part
+        self.hashes[start:end] = pd.util.hash_array(ids.to_numpy(zero_copy_only=False))
+        self.filled = end
+        self.ids.append(ids)
+        self.num_unmerged += 1
+        if self.num_unmerged == ID_MERGE_BLOCKS:
+            merged = pa.concat_arrays(self.ids[-ID_MERGE_BLOCKS:])
+            del self.ids[-ID_MERGE_BLOCKS:]
+            self.ids.append(merged)
+            self.num_unmerged = 0
+
+    def take_ids(self) -> pa.ChunkedArray:
+        ids = pa.chunked_array(self.ids, _S)
+        self.ids = []
+        return ids
 
 
 class _RequestLines(io.RawIOBase):
@@ -185,8 +293,9 @@ class _RequestLines(io.RawIOBase):
     run start's `canaries` is a table, a plan's a list), which Arrow's one schema cannot
     read."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, num_bytes: int) -> None:
         self._lines = path.open("rb")
+        self._left = num_bytes
         self._pending = bytearray()
 
     def readable(self) -> bool:
@@ -194,10 +303,11 @@ class _RequestLines(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        while len(self._pending) < len(view):
-            line = self._lines.readline()
+        while len(self._pending) < len(view) and self._left > 0:
+            line = self._lines.readline(self._left)
             if not line:
                 break
+            self._left -= len(line)
             if line.startswith(_REQUEST_PREFIXES):
                 self._pending += line
         num = min(len(view), len(self._pending))
@@ -210,32 +320,56 @@ class _RequestLines(io.RawIOBase):
         super().close()
 
 
-def _merge_tail(batches: list[pa.RecordBatch], num: int) -> None:
-    """The last `num` small batches as one: a few large buffers instead of many small ones,
-    which the allocator can reuse once they are freed (many small ones it cannot)."""
-    tail = pa.Table.from_batches(batches[-num:]).combine_chunks()
-    del batches[-num:]
-    batches.extend(tail.to_batches())
+class _Codes:
+    """Category lists shared by every block, one per string column (`tenant` and
+    `observed_tenant` share one): a block's dictionary becomes global codes, -1 for null."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, int]] = {}
+
+    def encode(self, name: str, column: pa.Array) -> npt.NDArray[np.int32]:
+        encoded = pc.dictionary_encode(column)
+        known = self.values.setdefault(name, {})
+        lookup = [known.setdefault(value, len(known)) for value in encoded.dictionary.to_pylist()]
+        indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
+        # -1 (null) picks the last entry, which is -1 itself
+        global_codes: npt.NDArray[np.int32] = np.array([*lookup, -1], np.int32)[indices]
+        return global_codes
+
+    def categories(self, name: str) -> list[str]:
+        return list(self.values.get(name, {}))
 
 
-def _columns(batches: list[pa.RecordBatch]) -> dict[str, pa.ChunkedArray]:
-    """Batches as one chunked column per name (each block keeps its own dictionaries)."""
-    names = batches[0].schema.names
-    return {name: pa.chunked_array([batch.column(name) for batch in batches]) for name in names}
+def _ints(column: pa.Array) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Values (0 where null) and the null mask."""
+    values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return values, pc.is_null(column).to_numpy(zero_copy_only=False)
 
 
-def _plans(batch: pa.RecordBatch) -> pa.RecordBatch:
+def _floats(column: pa.Array) -> npt.NDArray[np.float64]:
+    array: npt.NDArray[np.float64] = column.to_numpy(zero_copy_only=False).astype(
+        np.float64, copy=False
+    )
+    return array
+
+
+def _bools(column: pa.Array) -> npt.NDArray[np.bool_]:
+    array: npt.NDArray[np.bool_] = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
+    return array
+
+
+def _plans(batch: pa.RecordBatch, codes: _Codes) -> dict[str, Any]:
     rows = batch.filter(pc.equal(batch.column("type"), "plan"))
-    columns: dict[str, pa.Array] = {"request_id": rows.column("request_id")}
+    columns: dict[str, Any] = {"request_id": rows.column("request_id")}
     for name in _PLAN_COLUMNS:
-        columns[name] = pc.dictionary_encode(rows.column(name))
-    columns["num_prompt_tokens"] = rows.column("num_prompt_tokens")
-    columns["max_tokens"] = rows.column("max_tokens")
-    columns["num_canaries"] = pc.cast(pc.list_value_length(rows.column("canaries")), _I)
-    return pa.RecordBatch.from_pydict(columns)
+        columns[name] = codes.encode(name, rows.column(name))
+    columns["num_prompt_tokens"] = _ints(rows.column("num_prompt_tokens"))
+    columns["max_tokens"] = _ints(rows.column("max_tokens"))
+    columns["num_canaries"] = _ints(pc.list_value_length(rows.column("canaries")))
+    return columns
 
 
-def _observations(batch: pa.RecordBatch) -> pa.RecordBatch:
+def _observations(batch: pa.RecordBatch, codes: _Codes) -> dict[str, Any]:
     rows = batch.filter(pc.equal(batch.column("type"), "observation"))
     status, error_kind = rows.column("status"), rows.column("error_kind")
     sent = rows.column("t_sent_ns")
@@ -245,27 +379,27 @@ def _observations(batch: pa.RecordBatch) -> pa.RecordBatch:
     )
     ok = pc.fill_null(ok, False)
     usage = rows.column("usage")
-    columns: dict[str, pa.Array | pa.ChunkedArray] = {
+    error = pc.utf8_slice_codeunits(rows.column("error"), 0, MAX_ERROR_CHARS)
+    return {
         "request_id": rows.column("request_id"),
-        "observed_tenant": pc.dictionary_encode(rows.column("tenant")),
-        "status": status,
-        "ok": ok,
-        "outcome": pc.dictionary_encode(_outcome(ok, status, error_kind)),
-        "error_kind": pc.dictionary_encode(error_kind),
-        "error": pc.dictionary_encode(pc.utf8_slice_codeunits(rows.column("error"), 0, 200)),
-        "finish_reason": pc.dictionary_encode(rows.column("finish_reason")),
-        "ttft_ms": _ms(pc.subtract(rows.column("t_first_token_ns"), sent)),
-        "queue_ms": _ms(pc.subtract(sent, rows.column("t_scheduled_ns"))),
-        "total_ms": _ms(pc.subtract(rows.column("t_done_ns"), sent)),
-        "prompt_tokens": pc.struct_field(usage, "prompt_tokens"),
-        "completion_tokens": pc.struct_field(usage, "completion_tokens"),
-        "cached_tokens": pc.struct_field(usage, "cached_tokens"),
-        "num_text_chars": rows.column("num_text_chars"),
-        "num_chunks": rows.column("num_chunks"),
-        "text_redacted": pc.fill_null(rows.column("text_redacted"), False),
-        "t_wall": rows.column("t_wall"),
+        "observed_tenant": codes.encode("tenant", rows.column("tenant")),
+        "status": _ints(status),
+        "ok": _bools(ok),
+        "outcome": codes.encode("outcome", _outcome(ok, status, error_kind)),
+        "error_kind": codes.encode("error_kind", error_kind),
+        "error": codes.encode("error", error),
+        "finish_reason": codes.encode("finish_reason", rows.column("finish_reason")),
+        "ttft_ms": _floats(_ms(pc.subtract(rows.column("t_first_token_ns"), sent))),
+        "queue_ms": _floats(_ms(pc.subtract(sent, rows.column("t_scheduled_ns")))),
+        "total_ms": _floats(_ms(pc.subtract(rows.column("t_done_ns"), sent))),
+        "prompt_tokens": _ints(pc.struct_field(usage, "prompt_tokens")),
+        "completion_tokens": _ints(pc.struct_field(usage, "completion_tokens")),
+        "cached_tokens": _ints(pc.struct_field(usage, "cached_tokens")),
+        "num_text_chars": _ints(rows.column("num_text_chars")),
+        "num_chunks": _ints(rows.column("num_chunks")),
+        "text_redacted": _bools(rows.column("text_redacted")),
+        "t_wall": _floats(rows.column("t_wall")),
     }
-    return pa.RecordBatch.from_pydict(columns)
 
 
 def _ms(ns: pa.Array) -> pa.Array:
@@ -289,62 +423,125 @@ def _outcome(ok: pa.Array, status: pa.Array, error_kind: pa.Array) -> pa.Array:
     )
 
 
-def _join(plan: dict[str, pa.ChunkedArray], observed: dict[str, pa.ChunkedArray]) -> pa.Table:
+_TO_PANDAS = {_I: pd.Int64Dtype()}
+_STR_DTYPE = pd.StringDtype("pyarrow", na_value=np.nan)
+"""pandas' default `str` dtype, as Arrow strings convert to."""
+
+
+def _pandas(array: pa.Array) -> pd.Series[Any]:
+    series: pd.Series[Any] = array.to_pandas(types_mapper=_TO_PANDAS.get)
+    return series
+
+
+def _categorical(codes: npt.NDArray[np.int32], categories: list[str]) -> pd.Series[Any]:
+    """Codes as a pandas categorical of the categories present, in order of first
+    appearance (as Arrow's `dictionary_encode` of the whole column gives them)."""
+    present, first = np.unique(codes[codes >= 0], return_index=True)
+    ranked = present[np.argsort(first, kind="stable")]
+    remap = np.full(len(categories) + 1, -1, np.int32)
+    remap[ranked] = np.arange(len(ranked), dtype=np.int32)
+    local = remap[codes]  # -1 (null) picks the last entry, -1
+    indices = pa.array(local, mask=local < 0, type=pa.int32())
+    dictionary = pa.array([categories[i] for i in ranked], _S)
+    return _pandas(pa.DictionaryArray.from_arrays(indices, dictionary))
+
+
+def _join(plans: _Filled, observations: _Filled, codes: _Codes) -> pd.DataFrame:
     """Observations with their plans (a lost plan leaves nulls and the observed tenant),
-    then the plans nothing answered. Columns are consumed one at a time, so the inputs and
-    the result are never all held at once."""
-    plan_ids = plan.pop("request_id").combine_chunks()
-    observed_ids = observed.pop("request_id").combine_chunks()
-    # Each plan's first occurrence is itself unless its id was planned before (cheaper in
-    # memory than counting distinct ids, which holds a second copy of every id).
-    first = pc.index_in(plan_ids, value_set=plan_ids).to_numpy(zero_copy_only=False)
-    if not np.array_equal(first, np.arange(len(plan_ids))):
-        raise SlowPathNeeded("a request id planned twice")
-    del first
-    index = pc.index_in(observed_ids, value_set=plan_ids)
-    matched_plans = index.drop_null().to_numpy()
+    then the plans nothing answered; one column at a time, each input freed once used."""
+    # Matched by hash, sorted (a hash table of a million ids would cost far more), then
+    # every match checked against the ids themselves.
+    order = np.argsort(plans.hashes, kind="stable")
+    hashes = plans.hashes[order]
+    del plans.hashes
+    if np.any(hashes[1:] == hashes[:-1]):
+        raise SlowPathNeeded("a request id planned twice (or two ids with one hash)")
+    position = np.minimum(np.searchsorted(hashes, observations.hashes), max(len(hashes) - 1, 0))
+    found = hashes[position] == observations.hashes if len(hashes) else position < 0
+    del hashes, observations.hashes
+    plan_of = np.where(found, order[position] if len(order) else -1, -1)  # -1: a lost plan
+    del order, position, found
+    plan_ids = plans.take_ids().combine_chunks()
+    observed_ids = observations.take_ids()
+    plan_rows = pa.array(plan_of, mask=plan_of < 0)
+    same = pc.equal(observed_ids, plan_ids.take(plan_rows))
+    del plan_rows
+    if pc.all(same).as_py() not in (True, None):
+        raise SlowPathNeeded("two request ids with one hash")
+    del same
+    matched = plan_of[plan_of >= 0]
     answered = np.zeros(len(plan_ids), bool)
-    answered[matched_plans] = True
-    if int(answered.sum()) != len(matched_plans):
+    answered[matched] = True
+    if int(answered.sum()) != len(matched):
         raise SlowPathNeeded("a request observed twice")
-    unanswered = pa.array(np.flatnonzero(~answered))
-    del answered, matched_plans
-    num_observed, num_unanswered = len(observed_ids), len(unanswered)
-    columns: dict[str, pa.Array | pa.ChunkedArray] = {
-        "request_id": pa.concat_arrays([observed_ids, plan_ids.take(unanswered)])
-    }
-    del plan_ids, observed_ids
-    observed_tenant = pc.cast(observed.pop("observed_tenant"), _S)
-    for name in list(plan):
-        column = plan.pop(name)
-        if name in _PLAN_COLUMNS:
-            column = pc.cast(column, _S)
-        matched = column.take(index)
-        if name == "tenant":
-            matched = pc.coalesce(matched, observed_tenant)
-        joined = pa.concat_arrays(
-            [matched.combine_chunks(), column.take(unanswered).combine_chunks()]
-        )
-        columns[name] = _cat(joined) if name in _PLAN_COLUMNS else joined
-    del observed_tenant
-    columns["answered"] = pa.concat_arrays(
-        [pa.array(np.ones(num_observed, bool)), pa.array(np.zeros(num_unanswered, bool))]
-    )
-    defaults: dict[str, Any] = {"ok": False, "outcome": "unanswered"}
-    for name in list(observed):
-        column = observed.pop(name)
-        if pa.types.is_dictionary(column.type):
-            column = pc.cast(column, _S)
-        filler = pa.nulls(num_unanswered, column.type)
-        if name in defaults:
-            filler = pa.array([defaults[name]] * num_unanswered, column.type)
-        joined = pa.chunked_array([*column.chunks, filler], column.type)
-        del column
-        columns[name] = _cat(joined) if pa.types.is_string(joined.type) else joined
-    return pa.table(columns)
+    del matched
+    unanswered = np.flatnonzero(~answered)
+    del answered
+    num_observed, num_unanswered = len(plan_of), len(unanswered)
+    rows = np.concatenate([plan_of, unanswered])  # -1 (a lost plan) reads a null sentinel
+    del plan_of
+    columns: dict[str, pd.Series[Any]] = {}
+    ids = pa.chunked_array([*observed_ids.chunks, plan_ids.take(pa.array(unanswered))], _S)
+    del observed_ids, plan_ids, unanswered
+    # wrapped as they are (pandas' Arrow-backed `str`); a conversion would copy them
+    columns["request_id"] = ids.to_pandas(types_mapper={_S: _STR_DTYPE}.get)
+    del ids
+    observed_tenant = observations.arrays.pop("observed_tenant")
+    for name in [name for name in plans.kinds if name != "request_id"]:
+        values = plans.arrays.pop(name)
+        if plans.kinds[name] == "codes":
+            gathered = np.append(values, np.int32(-1))[rows]
+            del values
+            if name == "tenant":
+                lost = gathered[:num_observed] < 0
+                gathered[:num_observed][lost] = observed_tenant[lost]
+                del lost
+            columns[name] = _categorical(gathered, codes.categories(name))
+        else:
+            mask = np.append(plans.masks.pop(name), True)[rows]
+            gathered = np.append(values, np.int64(0))[rows]
+            del values
+            columns[name] = _integers(gathered, mask)
+        del gathered
+    del observed_tenant, rows
+    columns["answered"] = pd.Series(np.arange(num_observed + num_unanswered) < num_observed)
+    for name in [name for name in observations.kinds if name in observations.arrays]:
+        columns[name] = _observed(name, observations, num_unanswered, codes)
+    return pd.DataFrame(columns, copy=False)
 
 
-def _cat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
-    whole = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    encoded: pa.Array = pc.cast(pc.dictionary_encode(whole), pa.dictionary(pa.int32(), _S))
-    return encoded
+def _observed(
+    name: str, observations: _Filled, num_unanswered: int, codes: _Codes
+) -> pd.Series[Any]:
+    """One observation column, the unanswered plans' rows appended (null, or the default
+    `ok` False and `outcome` "unanswered")."""
+    kind = observations.kinds[name]
+    values = observations.arrays.pop(name)
+    if kind == "ints":
+        mask = observations.masks.pop(name)
+        if num_unanswered:
+            values = np.concatenate([values, np.zeros(num_unanswered, np.int64)])
+            mask = np.concatenate([mask, np.ones(num_unanswered, bool)])
+        return _integers(values, mask)
+    if kind == "codes":
+        filler = -1
+        if name == "outcome":
+            known = codes.values.setdefault("outcome", {})
+            filler = known.setdefault("unanswered", len(known))
+        if num_unanswered:
+            values = np.concatenate([values, np.full(num_unanswered, filler, np.int32)])
+        return _categorical(values, codes.categories(name))
+    if kind == "bools":
+        if not num_unanswered:
+            return pd.Series(values)
+        if name == "ok":
+            return pd.Series(np.concatenate([values, np.zeros(num_unanswered, bool)]))
+        # text_redacted: unknown without an answer
+        return pd.Series(np.concatenate([values.astype(object), np.full(num_unanswered, None)]))
+    if num_unanswered:
+        values = np.concatenate([values, np.full(num_unanswered, np.nan)])
+    return pd.Series(values)
+
+
+def _integers(values: npt.NDArray[np.int64], mask: npt.NDArray[np.bool_]) -> pd.Series[Any]:
+    return pd.Series(pd.arrays.IntegerArray(values, mask), copy=False)

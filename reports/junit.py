@@ -39,7 +39,7 @@ def render_junit(
     for check in check_states(summary):
         case = _case(suite, "kvcanary.checks", check.kind)
         if check.status == "found":
-            meaning = KIND_MEANINGS[check.kind]
+            meaning = KIND_MEANINGS.get(check.kind, "")
             _child(
                 case,
                 "failure",

@@ -14,6 +14,7 @@ from typing import Any
 
 from reports.checks import CheckStatus, check_states
 from reports.findings import KIND_MEANINGS, FindingView
+from reports.groups import FindingGroup
 
 MAX_EXCERPT_CHARS = 160
 _CHECK_MARKS: dict[CheckStatus, str] = {
@@ -35,8 +36,15 @@ def cell(value: Any) -> str:
 
 
 def render_markdown(
-    summary: dict[str, Any], findings: list[FindingView], num_not_listed: int
+    summary: dict[str, Any],
+    findings: list[FindingView],
+    num_not_listed: int,
+    groups: list[FindingGroup] | None = None,
+    start: float | None = None,
 ) -> str:
+    """The page. `groups` (`reports.groups.group_findings`) puts one row per (kind, owner
+    -> reader) first, with its count, first and last time (from `start`, the run's start)
+    and its first example; the full findings table then follows folded in `<details>`."""
     counts = summary["counts"]
     lines = [
         f"## kvcanary: {_VERDICT_BADGES[summary['verdict']]}",
@@ -53,9 +61,11 @@ def render_markdown(
         lines += [f"Canaries: {cell(guarantee)}.", ""]
     lines += _leak_lines(summary.get("leaks"))
     if findings:
+        lines += [f"### Findings ({counts['findings_total']})", ""]
+        if groups:
+            lines += _group_lines(groups, start)
+            lines += ["<details><summary>every listed finding</summary>", ""]
         lines += [
-            f"### Findings ({counts['findings_total']})",
-            "",
             "| # | kind | severity | who | request | summary | excerpt |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -71,6 +81,8 @@ def render_markdown(
                 "`summary.json`."
             )
         lines.append("")
+        if groups:
+            lines += ["</details>", ""]
     lines += ["### Checks", ""]
     if summary["verdict"] == "inconclusive":
         lines += ["Not enough evidence: a check without findings proves nothing here (➖).", ""]
@@ -79,7 +91,7 @@ def render_markdown(
         mark, num = _CHECK_MARKS[check.status], str(check.num_findings)
         if not check.ran:
             num = check.status
-        meaning = KIND_MEANINGS[check.kind]
+        meaning = KIND_MEANINGS.get(check.kind, "")
         if check.why:
             meaning = f"{check.status}: {check.why} ({meaning})"
         lines.append(f"| {mark} `{check.kind}` | {num} | {cell(meaning)} |")
@@ -94,6 +106,16 @@ def render_markdown(
         f"| {requests.get('disconnected', 0)} | {requests['errored']} | {requests['unanswered']} |",
         "",
     ]
+    boundary = summary.get("boundary") or {}
+    if boundary.get("num_sent"):
+        sizes = ", ".join(str(n) for n in boundary["num_prompt_tokens"])
+        lines += [
+            f"At the limit: {boundary['num_sent']} prompt(s) of exactly {sizes} tokens, "
+            f"{boundary['accepted']} accepted, {boundary['rejected']} rejected, "
+            f"{boundary['unanswered']} unanswered (either answer is defensible: reported, "
+            "never a finding).",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -121,3 +143,28 @@ def _leak_lines(leaks: dict[str, Any] | None) -> list[str]:
     for reader, row in zip(leaks["readers"], leaks["counts"], strict=True):
         lines.append(f"| {cell(reader)} | " + " | ".join(str(n or "·") for n in row) + " |")
     return [*lines, ""]
+
+
+def _group_lines(groups: list[FindingGroup], start: float | None) -> list[str]:
+    """One row per group: kind, owner -> reader, count, first and last time, first example."""
+    lines = [
+        "| kind | owner → reader | findings | first | last | first example |",
+        "|---|---|---:|---|---|---|",
+    ]
+    for group in groups:
+        example = ""
+        if group.examples:
+            first = group.examples[0]
+            example = f"{_code(first.request_id)} {cell(first.summary)} {_excerpt(first.excerpt)}"
+        lines.append(
+            f"| `{group.kind}` | {cell(group.title)} | {group.num_findings} "
+            f"| {_when(group.first_t_wall, start)} | {_when(group.last_t_wall, start)} "
+            f"| {example.strip()} |"
+        )
+    return [*lines, ""]
+
+
+def _when(t_wall: float, start: float | None) -> str:
+    from reports.html import clock  # one clock format for every report
+
+    return cell(clock(t_wall, start))

@@ -102,9 +102,11 @@ def _scatter(axes: Axes, rows: pd.DataFrame, **style: object) -> None:
 def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
     """TTFT against prompt tokens, the timing model's line and threshold, findings marked."""
     requests = frames.requests
-    answered = requests.loc[
-        requests["ttft_ms"].notna(), ["request_id", "num_prompt_tokens", "ttft_ms", "expected"]
-    ]
+    columns = ["request_id", "num_prompt_tokens", "ttft_ms", "expected"]
+    has_ttft = requests["ttft_ms"].notna().to_numpy(dtype=bool)
+    # Rows chosen before columns are copied: a large run's answered rows are never copied.
+    positions = np.flatnonzero(has_ttft)
+    num_answered = len(positions)
     findings = frames.findings
     flagged_ids = set(findings["request_id"].dropna())
     fast_ids = set(
@@ -112,10 +114,12 @@ def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
     )
     figure, axes = _figure()
     title = "Time to first token against prompt length"
-    plotted = answered
-    if len(plotted) > MAX_PLOTTED_POINTS:
-        plotted = plotted.sample(MAX_PLOTTED_POINTS, random_state=0)
-        title += f" ({MAX_PLOTTED_POINTS:,} of {len(answered):,} requests drawn)"
+    if num_answered > MAX_PLOTTED_POINTS:
+        chosen = np.random.default_rng(0).choice(positions, MAX_PLOTTED_POINTS, replace=False)
+        positions = np.sort(chosen)
+        title += f" ({MAX_PLOTTED_POINTS:,} of {num_answered:,} requests drawn)"
+    plotted = requests.iloc[positions][columns]
+    del positions
     for expected, colour, label in (
         ("accept", OUTCOME_COLOURS["accepted"], "within the limits"),
         ("reject", OUTCOME_COLOURS["accepted above limit"], "above a limit (answered)"),
@@ -123,8 +127,10 @@ def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
         rows = plotted[plotted["expected"] == expected]
         if len(rows):
             _scatter(axes, rows, s=18, alpha=0.6, color=colour, label=f"{label} ({len(rows):,})")
-    fast = answered[answered["request_id"].isin(fast_ids)]
-    other = answered[answered["request_id"].isin(flagged_ids - fast_ids)]
+    flagged = has_ttft & requests["request_id"].isin(flagged_ids).to_numpy(dtype=bool)
+    is_fast = requests["request_id"].isin(fast_ids).to_numpy(dtype=bool)
+    fast = requests.loc[flagged & is_fast, columns]
+    other = requests.loc[flagged & ~is_fast, columns]
     if len(fast):
         _scatter(
             axes,
@@ -148,8 +154,9 @@ def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
     caption = ["Time to first token against prompt length, one point per answered request."]
     if model is None:
         caption.append("No timing model: fast prefills were not judged, so no line is drawn.")
-    elif len(answered):
-        caption += _model_lines(axes, model, float(answered["num_prompt_tokens"].max()) * 1.05)
+    elif num_answered:
+        longest = float(requests.loc[has_ttft, "num_prompt_tokens"].max())
+        caption += _model_lines(axes, model, longest * 1.05)
     _limit_lines(axes, frames)
     axes.set_xlabel("prompt tokens (planned)")
     axes.set_ylabel("TTFT (ms)")

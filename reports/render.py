@@ -29,6 +29,7 @@ from reports import plots
 from reports.evidence import EVIDENCE_DIR, named_request_ids, request_records, write_evidence
 from reports.findings import FindingView, listed_findings
 from reports.frames import RunFrames, load_frames
+from reports.groups import group_findings
 from reports.html import render_html
 from reports.journal_scan import SlowPathNeeded, request_lines
 from reports.junit import render_junit
@@ -102,7 +103,13 @@ def render_run(
     listed, num_not_listed = listed_findings(frames.findings)
     writers: dict[str, Callable[[], bytes]] = {
         "json": lambda: (json.dumps(summary, indent=2) + "\n").encode(),
-        "md": lambda: render_markdown(summary, listed, num_not_listed).encode(),
+        "md": lambda: render_markdown(
+            summary,
+            listed,
+            num_not_listed,
+            group_findings(frames.findings, listed),
+            frames.run.t_wall if frames.run is not None else None,
+        ).encode(),
         "junit": lambda: render_junit(summary, listed, num_not_listed),
         "html": lambda: _html(frames, summary, listed, num_not_listed, result.errors),
     }

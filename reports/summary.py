@@ -2,7 +2,10 @@
 
 Verdict rules (the one place they live; README "Reports" repeats them):
 
-- `leak`: the journal holds at least one finding, of any kind.
+- `leak`: the journal holds at least one finding of a kind other than `error_in_success`.
+- `unsafe`: the only findings are `error_in_success` (HTTP 2xx carrying an error: a protocol
+  defect, not a leak) and the evidence below would otherwise make the run clean; with too
+  little evidence the run is `inconclusive`, its reasons naming those findings.
 - `clean`: no finding, and enough evidence that the dangerous path was exercised: at least
   one above-limit request (a plan with `expected = reject`) was answered by the target with
   any HTTP status, at least one victim request was accepted, and the run did not end with
@@ -82,6 +85,7 @@ def compute_summary(frames: RunFrames) -> dict[str, Any]:
         "probes": [_probe_record(probe) for probe in frames.probes],
         "checks_not_run": _checks_not_run(frames),
         "timing": _timing(frames),
+        "boundary": _boundary(frames),
         "target_unhealthy": _target_unhealthy(frames),
         "leaks": _leaks(frames, started),
         "counts": {
@@ -111,6 +115,7 @@ def _evidence(frames: RunFrames) -> dict[str, Any]:
         "num_above_limit_sent": int(above_limit.sum()),
         "num_above_limit_answered": int((above_limit & requests["status"].notna()).sum()),
         "num_victims_accepted": int(((requests["intent"] == "victim") & requests["ok"]).sum()),
+        "num_probes_sent": int((requests["intent"] == "probe").sum()),
         "reached_probe_phase": bool(
             any(phase.phase == "probe" for phase in frames.phases)
             or (requests["intent"] == "probe").any()
@@ -120,7 +125,8 @@ def _evidence(frames: RunFrames) -> dict[str, Any]:
 
 def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list[str]]:
     """The verdict and, for a person, why."""
-    num_findings = len(frames.findings)
+    in_success = frames.findings["kind"].astype(str) == str(FindingKind.ERROR_IN_SUCCESS)
+    num_findings = int((~in_success).sum())
     if num_findings:
         by_kind = frames.findings["kind"].astype(str).value_counts()
         kinds = ", ".join(
@@ -131,9 +137,17 @@ def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list
         return Verdict.LEAK, [*leak, *_unhealthy_reason(frames)]
     finished = frames.finished
     reasons = _unhealthy_reason(frames)
+    num_in_success = int(in_success.sum())
+    in_success_reason = (
+        f"{num_in_success} error_in_success finding(s): HTTP 2xx carrying an error instead of "
+        "an answer (a protocol defect, not a leak)"
+    )
     if finished is not None and finished.reason == "error":
         reasons.append(f"the run ended with an error: {finished.message or 'no message'}")
-    if evidence["num_above_limit_answered"] == 0:
+    # probes were sent and none was sized above a limit: the profile plans none (`below`),
+    # so the run tests leakage within the limits only, and says so, rather than nothing
+    within_limits_only = evidence["num_probes_sent"] > 0 and evidence["num_above_limit_sent"] == 0
+    if evidence["num_above_limit_answered"] == 0 and not within_limits_only:
         if not evidence["reached_probe_phase"]:
             reasons.append("the run ended before the probe phase: no above-limit request was sent")
         else:
@@ -141,7 +155,15 @@ def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list
     if evidence["num_victims_accepted"] == 0:
         reasons.append("no victim request was accepted, so there was nothing to leak")
     if reasons:
-        return Verdict.INCONCLUSIVE, reasons
+        return Verdict.INCONCLUSIVE, [*reasons, *([in_success_reason] if num_in_success else [])]
+    if num_in_success:
+        return Verdict.UNSAFE, [in_success_reason]
+    if within_limits_only:
+        return Verdict.CLEAN, [
+            f"no finding in {len(frames.requests)} request(s), every one within the limits "
+            f"({evidence['num_victims_accepted']} victim request(s) accepted); no prompt above "
+            "a limit was planned, so over-limit handling was not tested"
+        ]
     return Verdict.CLEAN, [
         f"no finding in {len(frames.requests)} request(s); "
         f"{evidence['num_above_limit_answered']} above-limit request(s) answered, "
@@ -170,6 +192,7 @@ def _target_unhealthy(frames: RunFrames) -> dict[str, Any] | None:
         "num_served_before": first.num_served_before,
         "num_failed": max(first.num_failed, failed_after),
         "last_error": first.last_error,
+        "source": first.source,
         "times_declared": len(declared),
         "recovered": len(served_again) >= len(declared),
     }
@@ -306,7 +329,39 @@ def _timing(frames: RunFrames) -> dict[str, Any]:
         requests = frames.requests
         eligible = requests["num_prompt_tokens"].astype("float64") >= model.min_eligible_tokens
         entry["num_judged"] = int((eligible & requests["ttft_ms"].notna()).sum())
+    reason = entry.get("not_judged")
+    if model is None and not reason:
+        reason = "no TTFT fit: too few answered prompts of distinct lengths"
+    elif model is not None and not reason and entry.get("num_judged") == 0:
+        reason = (
+            f"no answered prompt was long enough for the rule (it applies from "
+            f"{model.min_eligible_tokens:.0f} tokens)"
+        )
+    entry["judged"] = not reason
+    entry["reason"] = reason or None
     return entry
+
+
+def _boundary(frames: RunFrames) -> dict[str, Any]:
+    """Prompts exactly at the tightest limit (`expected = boundary`): what the target did.
+
+    Either answer is defensible, so this is reported, never a finding by itself: `accepted`
+    (a 2xx answer), `rejected` (an error status, or an error inside a 2xx), `unanswered`.
+    """
+    requests = frames.requests
+    at = requests.loc[requests["expected"] == "boundary"]
+    status = at["status"]
+    success = status.notna() & (status >= 200) & (status < 300)
+    in_success = at["error_kind"] == "error_in_success"
+    accepted = success & ~in_success
+    sizes = sorted({int(n) for n in at["num_prompt_tokens"]})
+    return {
+        "num_sent": len(at),
+        "accepted": int(accepted.sum()),
+        "rejected": int((status.notna() & ~accepted).sum()),
+        "unanswered": int(status.isna().sum()),
+        "num_prompt_tokens": sizes,
+    }
 
 
 def _leaks(frames: RunFrames, started: float | None) -> dict[str, Any]:
@@ -327,6 +382,11 @@ def _checks_not_run(frames: RunFrames) -> dict[str, str]:
     if str(FindingKind.POOL_SMALLER_THAN_CONTEXT) not in found:
         reasons[str(FindingKind.POOL_SMALLER_THAN_CONTEXT)] = (
             "pool sizes are audited by `kvcanary audit`, not by a run"
+        )
+    requests = frames.requests
+    if str(FindingKind.UNSAFE_ACCEPT) not in found and not (requests["expected"] == "reject").any():
+        reasons[str(FindingKind.UNSAFE_ACCEPT)] = (
+            "no prompt above a limit was sent (the profile plans none, or the run ended first)"
         )
     cache = [p for p in frames.probes if p.probe == "cache_probe"]
     if str(FindingKind.SHARED_PREFIX_CACHE) not in found:

@@ -2,8 +2,8 @@
 
 A plan knows the prompt (already laced with canaries and built to an exact token count),
 why it is sent (its intent and the limit it is sized against) and what a safe target must
-do with it (accept or reject). It knows nothing about transport or timing; that is the
-harness's business.
+do with it (accept, reject, or either at a boundary). It knows nothing about transport or
+timing; that is the harness's business.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Literal
 from canaries.span import CanarySpan
 
 Intent = Literal["victim", "probe", "abort", "control"]
-Expected = Literal["accept", "reject"]
+Expected = Literal["accept", "boundary", "reject"]
+"""What a safe target must do: `accept` a prompt below every limit, `reject` one above a limit;
+a `boundary` prompt is exactly at the tightest limit, where either answer is defensible (it is
+recorded as boundary behaviour, never a finding by itself)."""
 ApiStyle = Literal["chat", "completions"]
 
 

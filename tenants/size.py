@@ -6,14 +6,17 @@ A size is an arithmetic expression over the target's limits, such as `0.5*pool`,
     pool      the KV pool, in tokens (the smallest pool a request must fit: prefill's in PD)
     context   the advertised context length, in tokens
     page      the KV page size, in tokens
-    limit     the smallest prompt a safe target must reject (see `input_limit`)
+    limit     the tightest limit: longer prompts must be rejected (see `input_limit`)
 
 Only numbers, those names, `+ - * /`, unary minus and parentheses are allowed; expressions
 are parsed with `ast` and evaluated by walking the tree, never by `eval`. Results are
 rounded down to whole tokens. This module knows nothing about prompts or tenants.
 
 The expected outcome, when a spec does not fix one, is the safety rule the whole harness
-applies: a prompt of `n` tokens must be rejected iff `n >= input_limit(limits)`.
+applies: a prompt of `n` tokens must be rejected iff it exceeds a limit, `n > input_limit`;
+`n == input_limit` is a boundary probe (either answer is defensible: a pool of `n` tokens
+holds an `n`-token prompt, SGLang refuses `len(input_ids) >= max_req_input_len`), reported as
+boundary behaviour and never a finding by itself.
 """
 
 from __future__ import annotations
@@ -58,13 +61,13 @@ class LimitsLike(Protocol):
 
 
 def input_limit(limits: LimitsLike) -> int:
-    """The smallest prompt length a safe target must reject.
+    """The tightest limit, `min(pool, context, max_input_tokens)`: a prompt longer than this
+    must be rejected; one exactly this long is a boundary probe.
 
-    A prompt of `n` tokens can be served correctly only if its KV fits the pool (`n < pool`)
-    and leaves room in the context for at least one generated token (`n < context`); where
-    the target reports its own input limit (SGLang's `max_req_input_len`, enforced as
-    `len(input_ids) >= max_req_input_len` -> 400), a prompt of that length is refused too.
-    So the limit is `min(pool, context, max_input_tokens)`.
+    A prompt of `n` tokens is served safely below it: its KV fits the pool and leaves room
+    in the context for a generated token. At it, engines legitimately differ (a pool of `n`
+    tokens holds the prompt; SGLang's `max_req_input_len` refuses `len(input_ids) >=` it
+    with a 400), so neither answer is a finding.
     """
     limit = min(limits.pool_tokens, limits.context_tokens)
     if limits.max_input_tokens is not None:
@@ -73,8 +76,11 @@ def input_limit(limits: LimitsLike) -> int:
 
 
 def expected_outcome(num_tokens: int, limits: LimitsLike) -> Expected:
-    """`accept` iff a prompt this long fits below the target's input limit."""
-    return "accept" if num_tokens < input_limit(limits) else "reject"
+    """`accept` below the target's input limit, `boundary` exactly at it, `reject` above."""
+    limit = input_limit(limits)
+    if num_tokens == limit:
+        return "boundary"
+    return "accept" if num_tokens < limit else "reject"
 
 
 def check_expression(expr: str) -> ast.expr:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from canaries import BuiltPrompt, CanaryError, CanaryMinter, Tokenizer, build_prompt
+from canaries.alphabet import alphabet_for
 from canaries.errors import ConfigError
 from harness.cache_probe.stats import DEFAULT_ALPHA
 from harness.record.events import Limits
@@ -236,9 +237,11 @@ def design_trials(
         raise ConfigError("the cache probe needs at least two tenants (an owner and a prober)")
     if len({t.name for t in tenants}) != len(tenants):
         raise ConfigError("tenant names must be unique")
-    builder = _PromptBuilder(
-        tokenizer, minter or CanaryMinter.from_seed(settings.seed, "cache-probe"), settings
-    )
+    if minter is None:  # the canaries the run's tokenizer spells shortest
+        minter = CanaryMinter.from_seed(
+            settings.seed, "cache-probe", alphabet=alphabet_for(tokenizer)
+        )
+    builder = _PromptBuilder(tokenizer, minter, settings)
     builder.next_request = first_request
     ring = [(tenants[i], tenants[(i + 1) % len(tenants)]) for i in range(len(tenants))]
     ring = ring[: settings.max_pairs or len(ring)]
@@ -274,6 +277,9 @@ class _PromptBuilder:
         self.minter = minter
         self.settings = settings
         self.next_request = 0
+        # a canary every 64 tokens, or as densely as canaries this long allow (a coarse
+        # vocabulary's are longer: `canaries.guarantee`); freshness needs only the first
+        self.lacing_page = max(_LACING_PAGE, 2 * minter.num_tokens(tokenizer) - 1)
 
     def _piece(self, tenant_index: int, num_tokens: int) -> BuiltPrompt:
         request = self.next_request
@@ -285,7 +291,7 @@ class _PromptBuilder:
                 tenant=tenant_index,
                 request=request,
                 num_tokens=num_tokens,
-                page_size=_LACING_PAGE,
+                page_size=self.lacing_page,
                 seed=self.settings.seed,
             )
         except CanaryError as exc:

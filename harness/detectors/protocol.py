@@ -1,12 +1,32 @@
 """The protocol detector: what the target *said* about a request, checked against the plan.
 
-Two findings, both decidable from one plan and its observation:
+Three findings, each decidable from one plan, its observation and the findings the other
+detectors already made on it:
 
-- `unsafe_accept` (critical): the plan was sized above a limit (`plan.expected == "reject"`:
-  the prompt exceeds the KV pool, the context, or the target's own input limit) and the
-  target answered with a 2xx status. A safe target rejects such a prompt (400/413/422...);
-  a vulnerable one answers it from pages it never filled. A 2xx status counts even if the
-  stream later broke: the target accepted the request.
+- `unsafe_accept`: the plan was sized above a limit (`plan.expected == "reject"`: the prompt
+  *exceeds* the KV pool, the context, or the target's own input limit) and the target
+  answered with a 2xx status. A safe target rejects such a prompt (400/413/422...); a
+  vulnerable one answers it from pages it never filled. A 2xx status counts even if the
+  stream later broke: the target accepted the request. Its severity follows the evidence:
+  **critical** when the same answer carries a content leak (a canary of another tenant,
+  request or run) or was flagged `fast_prefill`, or its `usage.prompt_tokens` is the
+  placeholder signature (the prompt was never prefilled), and also when nothing shows
+  either way (no usage); **high** when `usage.prompt_tokens` counts the whole prompt and no
+  other detector fired: the target did process the prompt, it just should have refused it.
+  A `fast_prefill` the timing detector only finds at the end of the run (deferred judgement)
+  is its own high finding; the `unsafe_accept` it came after stays high.
+- `error_in_success` (medium): a 2xx status carrying an error instead of an answer (vLLM's
+  `{"object": "error", ...}`, an `{"error": ...}` object, an SSE `error` event; the client's
+  `error_kind == "error_in_success"`). Clients and monitoring count it as a success; the
+  answer it stands for never came. For an over-limit plan it is a rejection in the wrong
+  status, and replaces `unsafe_accept`.
+
+A **boundary** plan (`plan.expected == "boundary"`: the prompt is exactly the tightest limit)
+is never a protocol finding by itself: either answer is defensible (a pool of `n` tokens holds
+an `n`-token prompt; SGLang refuses `len(input_ids) >= max_req_input_len`). What the target
+did is counted (`boundary_counts`: accepted / rejected / unanswered) and reported as boundary
+behaviour in summary.json (`boundary`) and the report; the content and timing detectors still
+judge its answer like any other.
 - `prompt_tokens_mismatch` (high): `usage.prompt_tokens`, net of the special tokens the
   server adds to every prompt of the plan's API (`prompt_token_offsets`, measured once at start
   by `harness.target.calibration`: llama.cpp's BOS is +1 on completions), is present and
@@ -28,15 +48,37 @@ timing detector), and does not judge rejections of requests a safe target should
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from canaries.errors import ConfigError
 from harness.record.events import Limits
-from harness.record.finding import Finding, FindingKind
+from harness.record.finding import Finding, FindingKind, Severity
 from harness.record.observation import Observation
 from tenants.plan import RequestPlan
 
 DETECTOR = "protocol"
+PREFILL_SKIPPED_KINDS = frozenset(
+    {
+        FindingKind.CROSS_TENANT_CANARY,
+        FindingKind.CROSS_REQUEST_CANARY,
+        FindingKind.UNKNOWN_CANARY,
+        FindingKind.FAST_PREFILL,
+    }
+)
+"""Findings on an over-limit answer that make its `unsafe_accept` critical: it leaked content
+or was answered faster than a prefill."""
+BoundaryBehaviour = str
+"""`accepted` (a 2xx answer), `rejected` (an error status or an error in a 2xx) or `unanswered`."""
+
+
+def boundary_behaviour(obs: Observation) -> BoundaryBehaviour:
+    """What a target did with a boundary plan (the same rule summary.json counts by)."""
+    if obs.status is None:
+        return "unanswered"
+    if _accepted(obs) and obs.error_kind != "error_in_success":
+        return "accepted"
+    return "rejected"
 
 
 class ProtocolDetector:
@@ -71,14 +113,24 @@ class ProtocolDetector:
         self.num_checked = 0
         self.num_without_usage = 0
         """Successful responses that carried no `usage.prompt_tokens` (nothing to compare)."""
+        self.boundary_counts: Counter[BoundaryBehaviour] = Counter()
+        """Boundary plans by what the target did with them (never a finding by themselves)."""
 
-    def check(self, plan: RequestPlan, obs: Observation) -> list[Finding]:
-        """Every protocol finding for one finished request (usually none)."""
+    def check(
+        self, plan: RequestPlan, obs: Observation, evidence: Sequence[Finding] = ()
+    ) -> list[Finding]:
+        """Every protocol finding for one finished request (usually none). `evidence`: the
+        other detectors' findings on this request so far (they set `unsafe_accept`'s
+        severity)."""
         assert plan.request_id == obs.request_id, "observation does not belong to this plan"
         self.num_checked += 1
         findings = []
-        if plan.expected == "reject" and _accepted(obs):
-            findings.append(self._unsafe_accept(plan, obs))
+        if plan.expected == "boundary":
+            self.boundary_counts[boundary_behaviour(obs)] += 1
+        if obs.error_kind == "error_in_success":
+            findings.append(self._error_in_success(plan, obs))
+        elif plan.expected == "reject" and _accepted(obs):
+            findings.append(self._unsafe_accept(plan, obs, evidence))
         reported = obs.usage.prompt_tokens
         if reported is None:
             if _accepted(obs):
@@ -106,19 +158,22 @@ class ProtocolDetector:
     def _tolerance(self, plan: RequestPlan) -> int:
         return self.chat_tolerance_tokens if plan.api == "chat" else self.tolerance_tokens
 
-    def _unsafe_accept(self, plan: RequestPlan, obs: Observation) -> Finding:
+    def _unsafe_accept(
+        self, plan: RequestPlan, obs: Observation, evidence: Sequence[Finding]
+    ) -> Finding:
         crossed = self.limits_crossed(plan)
         if crossed:
             above = " and ".join(f"the {name} ({n} tokens)" for name, n in crossed)
         else:
             above = "the limit it was planned to exceed"
+        severity, why = self._unsafe_accept_severity(plan, obs, evidence)
         summary = (
             f"{plan.tenant}'s {plan.request_id} sent a {plan.num_prompt_tokens}-token prompt "
-            f"above {above} and got HTTP {obs.status} instead of an error"
+            f"above {above} and got HTTP {obs.status} instead of an error ({why})"
         )
         return Finding(
             kind=FindingKind.UNSAFE_ACCEPT,
-            severity=FindingKind.UNSAFE_ACCEPT.severity,
+            severity=severity,
             detector=DETECTOR,
             request_id=plan.request_id,
             tenant=plan.tenant,
@@ -134,6 +189,60 @@ class ProtocolDetector:
                 "usage_prompt_tokens": obs.usage.prompt_tokens,
                 "num_text_chars": obs.num_text_chars,
                 "phase": plan.phase,
+                "intent": plan.intent,
+                "size_label": plan.size_label,
+                "severity_evidence": why,
+                "evidence_kinds": sorted(
+                    {str(f.kind) for f in evidence if f.request_id == plan.request_id}
+                ),
+            },
+        )
+
+    def _unsafe_accept_severity(
+        self, plan: RequestPlan, obs: Observation, evidence: Sequence[Finding]
+    ) -> tuple[Severity, str]:
+        """Critical with a leak, a fast prefill or a placeholder count, or without evidence;
+        high when `usage` counts the whole prompt and nothing else fired."""
+        own = sorted(
+            {
+                str(f.kind)
+                for f in evidence
+                if f.request_id == plan.request_id and f.kind in PREFILL_SKIPPED_KINDS
+            }
+        )
+        if own:
+            return Severity.CRITICAL, f"the same answer was flagged {', '.join(own)}"
+        reported = obs.usage.prompt_tokens
+        if reported is None:
+            return Severity.CRITICAL, "no usage to show the prompt was prefilled"
+        net = reported - self._offset(plan)
+        if net <= self.tiny_usage_fraction * plan.num_prompt_tokens:
+            return Severity.CRITICAL, f"usage.prompt_tokens={reported}: never prefilled"
+        if abs(net - plan.num_prompt_tokens) <= self._tolerance(plan):
+            return (
+                Severity.HIGH,
+                f"usage.prompt_tokens={reported} shows a real prefill and nothing leaked",
+            )
+        return Severity.CRITICAL, f"usage.prompt_tokens={reported} does not match the prompt"
+
+    def _error_in_success(self, plan: RequestPlan, obs: Observation) -> Finding:
+        what = "an over-limit prompt's rejection" if plan.expected == "reject" else "an error"
+        summary = (
+            f"{plan.tenant}'s {plan.request_id} got HTTP {obs.status} carrying {what} instead "
+            "of an answer: clients and monitoring count it as a success (the error is in the "
+            "request's record, redacted like any text the target sent)"
+        )
+        return Finding(
+            kind=FindingKind.ERROR_IN_SUCCESS,
+            severity=FindingKind.ERROR_IN_SUCCESS.severity,
+            detector=DETECTOR,
+            request_id=plan.request_id,
+            tenant=plan.tenant,
+            summary=summary,
+            details={
+                "num_prompt_tokens": plan.num_prompt_tokens,
+                "status": obs.status,
+                "expected": plan.expected,
                 "intent": plan.intent,
                 "size_label": plan.size_label,
             },

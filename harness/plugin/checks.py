@@ -113,36 +113,43 @@ def _limit(run: WorkloadResult, name: str) -> int | None:
 
 
 def _rejects_at(run: WorkloadResult, name: str, what: str) -> CheckOutcome:
-    """Every prompt of at least the `name` limit got an error status, not an answer."""
+    """Every prompt that exceeds the `name` limit was refused, not answered.
+
+    A prompt exactly at the limit is a boundary probe (`tenants.size`: either answer is
+    defensible) and is not held to this check; summary.json's `boundary` says what the target
+    did with it. A 2xx status carrying an error (`error_in_success`) is a refusal in the wrong
+    status: it is its own finding, not an answer.
+    """
     limit = _limit(run, name)
     if limit is None:
         return _failed(f"inconclusive: the run recorded no {what} size", run)
     requests = run.observations
-    over = requests.loc[requests["num_prompt_tokens"] >= limit]
+    over = requests.loc[requests["num_prompt_tokens"] > limit]
     if over.empty:
         return _failed(
-            f"inconclusive: no prompt at or above the {what} ({limit} tokens) was sent; "
+            f"inconclusive: no prompt above the {what} ({limit} tokens) was sent; "
             "give the run more requests (--kvcanary-requests)",
             run,
         )
     answered = _answered(over)
     if answered.empty:
         return _failed(
-            f"inconclusive: none of the {len(over)} prompt(s) at or above the {what} "
+            f"inconclusive: none of the {len(over)} prompt(s) above the {what} "
             f"({limit} tokens) got an HTTP status ({_errors(over)})",
             run,
         )
     accepted = _accepted(answered)
+    accepted = accepted.loc[accepted["error_kind"] != "error_in_success"]
     if not accepted.empty:
         statuses = ", ".join(sorted({str(int(s)) for s in accepted["status"]}))
         return _failed(
-            f"{len(accepted)} of {len(answered)} prompt(s) at or above the {what} "
+            f"{len(accepted)} of {len(answered)} prompt(s) above the {what} "
             f"({limit} tokens) got HTTP {statuses} instead of an error",
             run,
             _findings(run, (FindingKind.UNSAFE_ACCEPT,), accepted["request_id"]),
         )
     return _passed(
-        f"all {len(answered)} prompt(s) at or above the {what} ({limit} tokens) were rejected",
+        f"all {len(answered)} prompt(s) above the {what} ({limit} tokens) were rejected",
         run,
     )
 
@@ -157,7 +164,7 @@ def over_context_rejected(run: WorkloadResult) -> CheckOutcome:
 
 def no_leak_at_or_above_limits(run: WorkloadResult) -> CheckOutcome:
     requests = run.observations
-    above = requests.loc[requests["expected"] == "reject"]
+    above = requests.loc[requests["expected"].isin(("reject", "boundary"))]
     if above.empty:
         return _failed("inconclusive: no prompt at or above the limits was sent", run)
     leaks = _findings(run, LEAK_KINDS, above["request_id"])
@@ -255,6 +262,9 @@ def real_prefill(run: WorkloadResult) -> CheckOutcome:
     timing = run.summary.get("timing") or {}
     if model is None:
         why = timing.get("not_judged") or "too few answered prompts of distinct lengths to fit"
+        return _skipped(f"not judged: {why}", run)
+    if timing.get("judged") is False or timing.get("not_judged"):
+        why = timing.get("not_judged") or timing.get("reason") or "the detector could not judge"
         return _skipped(f"not judged: {why}", run)
     bar_ms = model.threshold(n_max)
     if not model.eligible(n_max) or bar_ms <= 0:

@@ -140,7 +140,11 @@ class TargetUnhealthy:
     num_served_before: int
     """Requests the target had answered (any HTTP status below 500) before it stopped."""
     first_request_id: str
+    """The first failed request ("" when the health route saw it before any request)."""
     last_error: str | None
+    source: str = "requests"
+    """What showed it: `requests` (failed requests in a row) or `health` (the target's
+    `/health` route failed, `harness.target.health_route`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ class FindingKind(StrEnum):
     PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
     SHARED_PREFIX_CACHE = "shared_prefix_cache"
     POOL_SMALLER_THAN_CONTEXT = "pool_smaller_than_context"
+    ERROR_IN_SUCCESS = "error_in_success"
 
     @property
     def severity(self) -> Severity:
@@ -54,8 +55,11 @@ SEVERITY_BY_KIND: dict[FindingKind, Severity] = {
     FindingKind.PROMPT_TOKENS_MISMATCH: Severity.HIGH,
     FindingKind.SHARED_PREFIX_CACHE: Severity.HIGH,
     FindingKind.POOL_SMALLER_THAN_CONTEXT: Severity.HIGH,
+    FindingKind.ERROR_IN_SUCCESS: Severity.MEDIUM,
 }
-"""Defined next to the kinds: a kind has one severity, whichever detector finds it."""
+"""Defined next to the kinds: a kind has one severity, whichever detector finds it, except
+`unsafe_accept`, whose severity follows its evidence (`harness.detectors.protocol`): this is
+its highest, critical; high where the answer shows a real prefill and nothing leaked."""
 
 LEAK_BY_KIND: dict[FindingKind, str] = {
     FindingKind.CROSS_TENANT_CANARY: "a leak from another tenant",

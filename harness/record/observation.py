@@ -18,7 +18,9 @@ ErrorKind = Literal[
     "http_status",  # a non-2xx status with an error body
     "timeout",
     "connect",
-    "protocol",  # malformed SSE / JSON, or an error object inside a 200 stream
+    "protocol",  # malformed SSE / JSON, wrong content type, usage out of range after a 2xx
+    "error_in_success",  # a 2xx status carrying an error: {"object": "error"}, {"error": ...},
+    # or an SSE `error` event (`harness.target.bounded.ErrorInSuccess`)
     "truncated",  # the stream ended without [DONE] / finish_reason
     "too_large",  # response exceeded the per-response byte bound; the rest was dropped
     "disconnected",  # the harness dropped the connection on purpose (abort plans)

@@ -17,6 +17,7 @@ import os
 import random
 import re
 import secrets
+import tempfile
 import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -105,6 +106,10 @@ def _usable_out_dir(out: str | Path | None) -> Path:
         raise ConfigError(f"--out {out_dir}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out_dir}: {existing} is not writable")
+    try:  # os.access says yes to root on read-only mounts and pseudo filesystems: try it
+        os.rmdir(tempfile.mkdtemp(prefix=".kvcanary-probe-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"--out {out_dir}: {existing} is not writable ({exc.strerror})") from None
     return out_dir
 
 

@@ -110,10 +110,12 @@ class ProgressDisplay:
             self._finding(event)
         elif isinstance(event, TargetUnhealthy):
             why = f" (last: {event.last_error})" if event.last_error else ""
-            self.note(
-                f"the target stopped serving: {event.num_failed} requests in a row failed after "
-                f"{event.num_served_before} were answered{why}; what follows is untested"
-            )
+            if event.source == "health":
+                what = f"its health route failed{why}, {event.num_failed} request(s) failed"
+            else:
+                what = f"{event.num_failed} requests in a row failed"
+                what += f" after {event.num_served_before} were answered{why}"
+            self.note(f"the target stopped serving: {what}; what follows is untested")
         elif isinstance(event, TargetServing):
             self.note(f"the target answers again after {event.num_failed} failed request(s)")
         elif isinstance(event, RunFinished):

@@ -36,10 +36,11 @@ planner, the target client, `reports` and `harness.run.progress`, wired by `harn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from canaries import Owner, redact
@@ -69,6 +70,7 @@ from harness.run.seams import (
     Sender,
     TimingChecker,
 )
+from harness.target.health_route import HealthProbe
 from tenants.plan import RequestPlan
 from tenants.tenant import Tenant
 
@@ -87,6 +89,10 @@ class RunOutcome:
     findings: Counter[str] = field(default_factory=Counter)
     target_unhealthy: TargetUnhealthy | None = None
     """Set when the target stopped serving during the run (`harness.run.health`)."""
+
+
+HEALTH_EVERY_S = 2.0
+"""How often the target's health route is polled during a run (where it has one)."""
 
 
 class Runner:
@@ -109,6 +115,8 @@ class Runner:
         num_previous_requests: int = 0,
         elapsed_before_s: float = 0.0,
         admit: Callable[[RequestPlan], bool] | None = None,
+        health_probe: HealthProbe | None = None,
+        health_every_s: float = HEALTH_EVERY_S,
     ) -> None:
         self._sender = sender
         self._tenants = dict(tenants)
@@ -123,6 +131,9 @@ class Runner:
         self._budget = budget
         self._keep_raw_evidence = keep_raw_evidence
         self._health = HealthTracker()
+        self._health_probe = health_probe
+        """The target's `/health` route, polled every `health_every_s` while the run goes."""
+        self._health_every_s = health_every_s
         self._grace_s = grace_s
         self._clock = clock or MonotonicClock()
         self._num_previous_requests = num_previous_requests
@@ -170,6 +181,7 @@ class Runner:
         self._t0_ns = self._clock.now_ns()
         message: str | None = None
         reason = "error"
+        poller = None if self._health_probe is None else asyncio.create_task(self._poll_health())
         try:
             async with asyncio.TaskGroup() as group:
                 if isinstance(self._pacing, ClosedLoop):
@@ -196,6 +208,10 @@ class Runner:
             message = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            if poller is not None:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
             if self._grace is not None:
                 self._grace.cancel()
             if reason != "error":
@@ -301,9 +317,11 @@ class Runner:
         self._register(plan)
         self._emit(PlanRecorded(plan))
         scan = self._detectors.content.start(plan)
+        streamed: list[Finding] = []  # the protocol detector weighs them (unsafe_accept)
 
         def on_text(chunk: str, field: str = "content") -> None:
             for finding in scan.feed(chunk, field):
+                streamed.append(finding)
                 self._emit_finding(finding)
 
         try:
@@ -311,9 +329,9 @@ class Runner:
                 plan, tenant, t_scheduled_ns=t_scheduled_ns, on_text=on_text
             )
         except asyncio.CancelledError:
-            self._observe(plan, scan, self._cancelled(plan, t_scheduled_ns))
+            self._observe(plan, scan, self._cancelled(plan, t_scheduled_ns), streamed)
             raise
-        self._observe(plan, scan, obs)
+        self._observe(plan, scan, obs, streamed)
 
     def _register(self, plan: RequestPlan) -> None:
         """Add the plan's canaries to the live index, forgetting the oldest plans' if full.
@@ -329,12 +347,27 @@ class Runner:
         self._index.add_many((text, owner) for text in texts)
         self._live.append(texts)
 
-    def _observe(self, plan: RequestPlan, scan: ResponseScan, obs: Observation) -> None:
-        findings = [
-            *scan.finish(obs),
-            *self._detectors.protocol.check(plan, obs),
-            *self._detectors.timing.observe(plan, obs),
-        ]
+    async def _poll_health(self) -> None:
+        """Poll the target's health route until the run ends (cancelled then)."""
+        assert self._health_probe is not None
+        while not self._stopping.is_set():
+            await asyncio.sleep(self._health_every_s)
+            t_polled = time.time()
+            error = await self._health_probe()
+            for event in self._health.observe_health(error, t_polled, time.time()):
+                self._emit(event)
+
+    def _observe(
+        self,
+        plan: RequestPlan,
+        scan: ResponseScan,
+        obs: Observation,
+        streamed: Sequence[Finding] = (),
+    ) -> None:
+        content = scan.finish(obs)
+        timing = self._detectors.timing.observe(plan, obs)
+        evidence = [*streamed, *content, *timing]
+        findings = [*content, *self._detectors.protocol.check(plan, obs, evidence), *timing]
         obs = obs.without_secrets(self._secrets)  # whatever the target echoed back
         if obs.text and not self._keep_raw_evidence:
             obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)

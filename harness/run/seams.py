@@ -56,7 +56,11 @@ class ContentScanner(Protocol):
 
 
 class PlanChecker(Protocol):
-    def check(self, plan: RequestPlan, obs: Observation) -> list[Finding]: ...
+    def check(
+        self, plan: RequestPlan, obs: Observation, evidence: Sequence[Finding] = ()
+    ) -> list[Finding]:
+        """`evidence`: the other detectors' findings on this request (content, timing)."""
+        ...
 
 
 class TimingChecker(Protocol):

@@ -52,6 +52,7 @@ from harness.run.runner import (
 from harness.run.soak_tasks import soak_tasks
 from harness.target.calibration import PromptTokenOffset, planning_limits
 from harness.target.client import TargetClient
+from harness.target.health_route import HealthProbe, health_probe
 from harness.target.tokenizer import ServerTokenizer, chat_overhead, remote_tokenizer
 from tenants.cost import SpendMeter
 from tenants.planner import Planner
@@ -199,6 +200,8 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
             earlier_runs=_earlier_runs(setup, planner, display),
         )
         client = wiring.target_client(http, target, config.timeout)
+        # polled during the run where the target has one (only its status is read)
+        health = await health_probe(http, target.base_url, tenants[0].auth_headers())
         journal = wiring.Journal(setup.out_dir, display)
         try:
             journal.emit(
@@ -222,6 +225,7 @@ async def _run(setup: _Setup, base_url: str, display: ProgressDisplay) -> RunOut
                 journal,
                 pacing,
                 meter,
+                health,
             )
             display.note(f"journal: {journal.path}")
             if identity.resumed:
@@ -273,6 +277,7 @@ def _runner(
     journal: wiring.Journal,
     pacing: Pacing,
     meter: SpendMeter | None = None,
+    health: HealthProbe | None = None,
 ) -> Runner:
     """The runner over the planner's three plan streams, in the default phases."""
     config, identity = setup.config, setup.identity
@@ -296,6 +301,7 @@ def _runner(
         num_previous_requests=identity.num_previous_requests,
         elapsed_before_s=identity.elapsed_s,
         admit=meter.admit if meter is not None else None,
+        health_probe=health,
     )
 
 

@@ -194,7 +194,10 @@ async def contact(
     )
     name = model or facts.model
     if name is None:
-        raise ConfigError(f"{base_url}/v1/models lists no model; {how_to_name_model}")
+        # kvcanary's own words about the read (`discovery_fetch`), never the target's text
+        read = [a.error for a in facts.attempts if a.url.endswith("/v1/models") and a.error]
+        lists = f"lists no model ({read[0]})" if read else "lists no model"
+        raise ConfigError(f"{base_url}/v1/models {lists}; {how_to_name_model}")
     display.note(
         f"target {base_url} ({facts.engine}), model {name}: pool {limits.pool_tokens} "
         f"tokens, context {limits.context_tokens}, page {limits.page_size} [{limits.source}]"

@@ -43,6 +43,11 @@ class StreamViolation(Exception):
     """The target sent something an OpenAI-compatible server must not (maps to `protocol`)."""
 
 
+class ErrorInSuccess(StreamViolation):
+    """A 2xx response that carries an error instead of an answer: vLLM's `{"object": "error",
+    ...}`, an `{"error": ...}` object, or an SSE `error` event (maps to `error_in_success`)."""
+
+
 class ResponseTooLarge(Exception):
     """The response passed the per-response byte bound (maps to `too_large`)."""
 

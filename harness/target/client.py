@@ -31,8 +31,11 @@ Every failure is mapped to an `ErrorKind` in exactly one place, `_error_of`:
         ├── canaries.errors.ConfigError ................ propagates (tenant credential unset)
         ├── TimeoutError (our per-request deadline) ... timeout
         ├── sse_stream.ResponseTooLarge ............... too_large  (decoded bytes past the bound)
-        ├── sse_stream.StreamViolation ................ protocol   bad or too deep JSON, error
-        │                                                          object/event after 200, wrong
+        ├── bounded.ErrorInSuccess .................... error_in_success  an error object
+        │                                                          ({"object": "error"},
+        │                                                          {"error": ...}) or SSE error
+        │                                                          event after a 2xx status
+        ├── sse_stream.StreamViolation ................ protocol   bad or too deep JSON, wrong
         │                                                          content type or encoding,
         │                                                          usage counts out of range
         └── httpx.HTTPError
@@ -64,7 +67,7 @@ from httpx_sse import EventSource
 
 from canaries.errors import ConfigError
 from harness.record.observation import ErrorKind, Observation, TextSink
-from harness.target.bounded import take_over_decoding
+from harness.target.bounded import ErrorInSuccess, take_over_decoding
 from harness.target.http_client import default_limits as default_limits
 from harness.target.http_client import default_timeout as default_timeout
 from harness.target.http_client import make_http_client as make_http_client
@@ -343,6 +346,8 @@ def _error_of(
             kind, message = "timeout", f"no complete response within the {deadline_s} s deadline"
         case ResponseTooLarge():
             kind = "too_large"
+        case ErrorInSuccess():
+            kind = "error_in_success"
         case StreamViolation():
             kind = "protocol"
         case httpx.ConnectTimeout() | httpx.ConnectError() | httpx.UnsupportedProtocol():

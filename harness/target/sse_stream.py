@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.record.observation import TextSink, Usage
-from harness.target.bounded import MeteredStream, ResponseTooLarge, StreamViolation, excerpt, loads
+from harness.target.bounded import (
+    ErrorInSuccess,
+    MeteredStream,
+    ResponseTooLarge,
+    StreamViolation,
+    excerpt,
+    loads,
+)
 
 DONE_SENTINEL = "[DONE]"
 MAX_TOKEN_COUNT = 10**12
@@ -80,7 +87,7 @@ class Transcript:
             self.saw_done = True
             return
         if event == "error":
-            raise StreamViolation(f"error event in stream: {excerpt(data)}")
+            raise ErrorInSuccess(f"error event in stream: {excerpt(data)}")
         if not data:
             return  # an event with no data field (e.g. a bare `event:` or `id:`)
         self._take_object(_parse_json(data), "delta", t_arrived_ns)
@@ -103,9 +110,11 @@ class Transcript:
         if not isinstance(obj, dict):
             raise StreamViolation(f"expected a JSON object, got {type(obj).__name__}")
         if obj.get("error"):
-            raise StreamViolation(
+            raise ErrorInSuccess(
                 f"error object after HTTP 200: {excerpt(json.dumps(obj['error']))}"
             )
+        if obj.get("object") == "error":  # vLLM's ErrorResponse, sent with a success status
+            raise ErrorInSuccess(f"error object after HTTP 200: {excerpt(json.dumps(obj))}")
         choices = obj.get("choices") or []
         if not isinstance(choices, list):
             raise StreamViolation("`choices` is not a list")

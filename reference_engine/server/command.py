@@ -168,6 +168,10 @@ def is_loopback(host: str) -> bool:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     names = ("prefill_pool_tokens", "decode_pool_tokens", "context_length", "page_size", "device")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    for name in names[:-1]:  # sizes: a zero or negative one is a usage error, not a crash
+        if name in overrides and overrides[name] < 1:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} must be a positive number of tokens, got {overrides[name]}")
     if args.prefix_cache:
         overrides["prefix_cache"] = True
     if args.transfer_bandwidth is not None:
@@ -238,7 +242,14 @@ def _serve_in_process(args: argparse.Namespace, config: Any, summary: str) -> in
     from reference_engine.server.launch import bind_socket, url_of
 
     sock = bind_socket(args.host, args.port)
-    app = build_app(config)
+    try:
+        app = build_app(config)
+    except (MemoryError, RuntimeError) as exc:  # torch's allocator: pools too large
+        sock.close()
+        raise ConfigError(
+            f"cannot allocate the engine's KV pools ({config.prefill_pool_tokens} + "
+            f"{config.decode_pool_tokens} tokens): {str(exc).splitlines()[0]}"
+        ) from None
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     )

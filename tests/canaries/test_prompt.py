@@ -260,13 +260,16 @@ def test_hugging_face_tokenizer_prompts_are_exact(tmp_path: Path, minter: Canary
                 assert tokenizer.count(head) == span.token_offset + 7
 
 
+@pytest.mark.parametrize("cpus", [1, 64])
 def test_prompts_counted_chunk_by_chunk_are_the_same_prompts(
-    cl100k: Tokenizer, minter: CanaryMinter, monkeypatch: pytest.MonkeyPatch
+    cl100k: Tokenizer, minter: CanaryMinter, monkeypatch: pytest.MonkeyPatch, cpus: int
 ) -> None:
-    # one chunk: counted inline; 97 canaries a chunk: many segments, counted in the thread
+    # one chunk: counted inline; 97 canaries a chunk: many segments, counted in line (few
+    # CPUs) or in the worker thread (many)
     args = {"tenant": 2, "request": 9, "num_tokens": 20_000, "page_size": 16}
     whole = build_prompt(cl100k, minter, **args)  # type: ignore[arg-type]
     monkeypatch.setattr(prompt_module, "_CHUNK_CANARIES", 97)
+    monkeypatch.setattr(prompt_module, "_usable_cpus", lambda: cpus)
     chunked = build_prompt(cl100k, minter, **args)  # type: ignore[arg-type]
     assert chunked == whole
     check_prompt(chunked, cl100k, minter, tenant=2, request=9, page_size=16)

@@ -125,3 +125,13 @@ def test_folding_in_bytes_is_one_to_one_or_refused() -> None:
     assert fold_bytes("\uff59\uff44\uff4b") == b"ydk"
     for refused in ["a\u200bb", "\ufb03", "e\u0301", "\U0001f600", "\u00ad"]:
         assert fold_bytes(refused) is None
+
+
+def test_a_literal_del_next_to_non_ascii_text_goes_to_the_oracle(
+    index: CanaryIndex, live: list[str]
+) -> None:
+    text = f"caf\u00e9 \x7f {disguise(live[0], 0)} \u201c{live[1]}\u201d"
+    assert fold_bytes(text) is None  # DEL stands for "does not fold one-to-one"
+    hits = index.scan(text)
+    assert hits == scan(index, text, [], 1 << 15, ref=True)
+    assert [h.layer for h in hits] == ["normalized", "exact"]

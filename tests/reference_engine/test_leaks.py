@@ -228,7 +228,9 @@ async def mid_transfer_abort(
 async def test_mid_transfer_abort_with_each_fix_alone(canaries: Canaries, fix: str) -> None:
     result, landed_on = await mid_transfer_abort(canaries, fixes=frozenset({fix} if fix else ()))
     assert outcome(result, canaries, "B") == MID_TRANSFER[fix]
-    assert_readme_says(fix, 1, result, MID_TRANSFER[fix])
+    # README's abort column is measured over HTTP (server/test_server_abort_race.py), where
+    # kv_checksum's late write lands after the check; it names this timing's outcome too
+    assert described(result, MID_TRANSFER[fix]) in readme_matrix()[fix][1], fix
     # the vulnerable decode handed A's pages to B before A's write landed; deferred_release
     # held them, so the write landed on pages that were still A's
     assert set(landed_on) == ({"A"} if fix == "deferred_release" else {"B"})

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reference_engine.invariants import InvariantViolation
 from reference_engine.prefix_cache import PrefixCache
 
 P = 4
@@ -80,6 +82,16 @@ def test_locking_a_path_locks_its_ancestors_children_first_never_evicted() -> No
     assert cache.evict(5) == [11]
     cache.unlock(path[:1])
     assert cache.evict(5) == [10]
+
+
+def test_unlocking_more_often_than_locking_is_a_real_check() -> None:
+    cache = PrefixCache(P)
+    cache.insert(None, tokens(1), [10])
+    path = cache.match(None, tokens(1), 8)
+    cache.lock(path)
+    cache.unlock(path)
+    with pytest.raises(InvariantViolation, match="page 10 unlocked more often than locked"):
+        cache.unlock(path)  # an InvariantViolation stops the side; -O keeps it
 
 
 @settings(max_examples=60, deadline=None)

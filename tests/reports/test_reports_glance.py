@@ -62,14 +62,14 @@ def test_timing_without_a_fit_is_not_judged_everywhere(tmp_path: Path) -> None:
     assert result.verdict == "clean"
     check = json.loads(result.paths["json"].read_text())["checks"]["fast_prefill"]
     assert check["status"] == "not judged"
-    assert "no timing model" in check["why"]
+    assert "no timing model" in check["why"] or "no TTFT fit" in check["why"]
     suite = ET.parse(result.paths["junit"]).getroot().find("testsuite")
     assert suite is not None
     skipped = suite.find("testcase[@name='fast_prefill']/skipped")
     assert skipped is not None
-    assert skipped.get("message", "").startswith("not judged: no timing model")
+    assert skipped.get("message", "").startswith(f"not judged: {check['why']}")
     html = result.paths["html"].read_text()
-    assert "not judged: no timing model" in html
+    assert f"not judged: {check['why']}" in html
 
 
 def test_a_clean_runs_checks_in_summary_json(rendered: dict[str, RenderResult]) -> None:
@@ -83,6 +83,7 @@ def test_a_clean_runs_checks_in_summary_json(rendered: dict[str, RenderResult]) 
         "prompt_tokens_mismatch": "passed",
         "shared_prefix_cache": "not run",
         "pool_smaller_than_context": "not run",
+        "error_in_success": "passed",
     }
 
 
@@ -199,3 +200,51 @@ def test_the_ttft_caption_says_which_lines_are_drawn(
     caption = no_fit.paths["html"].read_text().split('id="plot-ttft"', 1)[1].split("</figure>")[0]
     assert "threshold the detector used" not in caption
     assert "no line is drawn" in caption
+
+
+def test_every_finding_kind_has_a_meaning_for_the_reports() -> None:
+    from harness.record.finding import FindingKind
+    from reports.findings import KIND_MEANINGS
+
+    assert {str(kind) for kind in FindingKind} == set(KIND_MEANINGS)
+    assert all(KIND_MEANINGS.values())
+
+
+def test_markdown_groups_findings_by_kind_owner_and_reader(
+    rendered: dict[str, RenderResult],
+) -> None:
+    result = rendered["vulnerable"]
+    text = result.paths["md"].read_text()
+    _head, _, rest = text.partition("| kind | owner → reader | findings | first | last |")
+    assert rest, "no grouped findings table"
+    rows = [line for line in rest.split("\n\n", 1)[0].splitlines()[2:] if line.startswith("|")]
+    assert sum(int(row.split("|")[3]) for row in rows) == result.summary["counts"]["findings_total"]
+    leak_rows = [row for row in rows if "`cross_tenant_canary`" in row]
+    assert leak_rows
+    assert all(" → " in row.split("|")[2] for row in leak_rows)
+    assert len({tuple(row.split("|")[1:3]) for row in rows}) == len(rows)  # one row a group
+    # the full listing follows, folded
+    assert (
+        rest.index("<details>") < rest.index("| # | kind | severity |") < rest.index("</details>")
+    )
+
+
+def test_prompts_at_the_limit_are_reported_never_judged(
+    rendered: dict[str, RenderResult],
+) -> None:
+    from reports.markdown import render_markdown
+
+    summary = {
+        **rendered["clean"].summary,
+        "boundary": {
+            "num_sent": 3,
+            "accepted": 1,
+            "rejected": 2,
+            "unanswered": 0,
+            "num_prompt_tokens": [4096],
+        },
+    }
+    text = render_markdown(summary, [], 0)
+    assert "At the limit: 3 prompt(s) of exactly 4096 tokens, 1 accepted, 2 rejected" in text
+    quiet = render_markdown({**summary, "boundary": {**summary["boundary"], "num_sent": 0}}, [], 0)
+    assert "At the limit" not in quiet

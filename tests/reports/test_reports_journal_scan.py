@@ -69,7 +69,7 @@ def test_the_fast_path_reads_every_scenario_exactly(
 
 def test_the_fast_path_reads_every_outcome_and_lost_records(tmp_path: Path) -> None:
     run_dir = _mixed_run(tmp_path / "mixed")
-    journal_scan.request_table(run_dir)  # readable by the fast path: no fallback hides here
+    journal_scan.request_frame(run_dir)  # readable by the fast path: no fallback hides here
     fast = load_frames(run_dir)
     _assert_same(fast, _slow(run_dir))
     outcomes = fast.requests.set_index("request_id")["outcome"].astype(str)
@@ -82,17 +82,16 @@ def test_the_fast_path_is_used_on_a_sound_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = run_journals.synthetic_run(tmp_path / "synthetic", 3_000, leak_every=50)
-    monkeypatch.setattr(journal_scan, "BLOCK_BYTES", 64 << 10)  # many blocks, merged by 4
-    monkeypatch.setattr(journal_scan, "MERGE_BLOCKS", 4)
+    monkeypatch.setattr(journal_scan, "BLOCK_BYTES", 64 << 10)  # many blocks
     read: list[int] = []
-    real = journal_scan.request_table
+    real = journal_scan.request_frame
 
     def counted(*args: object) -> object:
-        table = real(*args)  # type: ignore[arg-type]
-        read.append(table.num_rows)
-        return table
+        frame = real(*args)  # type: ignore[arg-type]
+        read.append(len(frame))
+        return frame
 
-    monkeypatch.setattr("reports.frames.request_table", counted)
+    monkeypatch.setattr("reports.frames.request_frame", counted)
     _assert_same(load_frames(run_dir), _slow(run_dir))
     assert read == [3_000]  # the fast path read it, and did not fall back
 
@@ -119,7 +118,7 @@ def test_a_request_planned_twice_falls_back(tmp_path: Path) -> None:
 
         handle.write(encode_event(first_plan))
     with pytest.raises(journal_scan.SlowPathNeeded, match="planned twice"):
-        journal_scan.request_table(run_dir)
+        journal_scan.request_frame(run_dir)
     _assert_same(load_frames(run_dir), _slow(run_dir))
 
 

@@ -166,3 +166,62 @@ def test_secret_looking_settings_and_url_credentials_are_dropped() -> None:
         "https://api.example.com:8443/v1"
     )
     assert safe_target("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+
+
+def test_boundary_probes_are_reported_as_behaviour_not_findings(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-boundary")
+    recorder.start(TENANTS)
+    _victim_and_probe(recorder)
+    for status, error_kind in ((200, None), (400, "http_status"), (200, "error_in_success")):
+        recorder.request(
+            "alice",
+            phase="probe",
+            intent="probe",
+            size_label="pool",
+            num_prompt_tokens=4096,
+            expected="boundary",
+            status=status,
+            error_kind=error_kind,  # type: ignore[arg-type]
+        )
+    recorder.request(
+        "alice",
+        phase="probe",
+        intent="probe",
+        size_label="pool",
+        num_prompt_tokens=4096,
+        expected="boundary",
+        answered=False,
+    )
+    recorder.finish("completed")
+    summary = summarise(tmp_path)
+    assert summary["boundary"] == {
+        "num_sent": 4,
+        "accepted": 1,
+        "rejected": 2,
+        "unanswered": 1,
+        "num_prompt_tokens": [4096],
+    }
+    # an accepted boundary probe is no above-limit answer and no finding: still clean
+    assert summary["evidence"]["num_above_limit_sent"] == 1
+    assert summary["verdict"] == Verdict.CLEAN
+
+
+def test_timing_says_not_judged_without_a_fit(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-no-fit")
+    recorder.start(TENANTS)
+    _victim_and_probe(recorder)
+    recorder.finish("completed")
+    timing = summarise(tmp_path)["timing"]
+    assert timing["judged"] is False
+    assert "no TTFT fit" in timing["reason"]
+
+
+def test_timing_is_judged_with_a_fit_that_applies(tmp_path: Path) -> None:
+    recorder = RunRecorder(tmp_path, "run-fit")
+    recorder.start(TENANTS)
+    _victim_and_probe(recorder)
+    recorder.timing()
+    recorder.finish("completed")
+    timing = summarise(tmp_path)["timing"]
+    assert timing["num_judged"] >= 1
+    assert (timing["judged"], timing["reason"]) == (True, None)

@@ -122,7 +122,12 @@ def test_plan_fields(tokenizer: Tokenizer) -> None:
     abort = next(planner.abort_plans())
     assert victim.request_id == f"t{victim.tenant.removeprefix('tenant-')}-r000000"
     assert (victim.intent, victim.expected, victim.phase) == ("victim", "accept", "fill")
-    assert (probe.intent, probe.expected, probe.phase) == ("probe", "reject", "probe")
+    # the first probe is exactly the pool (a boundary probe); the ones after it exceed it
+    assert (probe.intent, probe.expected, probe.phase) == ("probe", "boundary", "probe")
+    assert probe.num_prompt_tokens == LIMITS.pool_tokens
+    over = [p for p in planner.probes(rounds=1) if p.num_prompt_tokens > LIMITS.pool_tokens]
+    assert over
+    assert {p.expected for p in over} == {"reject"}
     assert (abort.intent, abort.phase) == ("abort", "abort")
     assert victim.max_tokens == profile.victim_max_tokens
     assert probe.max_tokens == abort.max_tokens == profile.probe_max_tokens

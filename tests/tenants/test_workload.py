@@ -26,8 +26,16 @@ def test_incident_profile_on_an_incident_deployment() -> None:
         ("context", 8192),
         ("context+1", 8193),
     ]
-    # every probe lands at or above the pool, so a safe target rejects all of them
-    assert {p.expected for p in resolved.probes} == {"reject"}
+    # every probe but the one exactly at the pool (a boundary probe) exceeds it, so a safe
+    # target rejects them
+    assert {p.label: p.expected for p in resolved.probes} == {
+        "pool": "boundary",
+        "pool+1": "reject",
+        "(pool+context)/2": "reject",
+        "context-1": "reject",
+        "context": "reject",
+        "context+1": "reject",
+    }
     assert [(a.intent, a.expected) for a in resolved.aborts] == [("abort", "accept")]
 
 
@@ -41,7 +49,7 @@ def test_incident_profile_on_a_sane_deployment() -> None:
         "pool+1": "reject",
         "(pool+context)/2": "reject",
         "context-1": "accept",
-        "context": "reject",
+        "context": "boundary",
         "context+1": "reject",
     }
 
@@ -50,7 +58,7 @@ def test_limits_profile_edges() -> None:
     probes = get_profile("limits").resolve(INCIDENT).probes
     assert {p.label: p.expected for p in probes} == {
         "pool-1": "accept",
-        "pool": "reject",
+        "pool": "boundary",
         "pool+1": "reject",
         "context-1": "reject",
         "context": "reject",

@@ -8,7 +8,7 @@ from detector_factories import LIMITS, make_obs, make_plan
 from canaries.errors import ConfigError
 from harness.detectors import ProtocolDetector
 from harness.record.events import Limits
-from harness.record.finding import FindingKind, Severity
+from harness.record.finding import Finding, FindingKind, Severity
 
 
 def kinds(findings: list) -> list[FindingKind]:  # type: ignore[type-arg]
@@ -25,7 +25,7 @@ def test_success_for_an_over_limit_prompt_is_unsafe_accept() -> None:
     plan = make_plan("t1-r000004", tenant="tenant-1", num_prompt_tokens=3000, expected="reject")
     [finding] = ProtocolDetector(LIMITS).check(plan, make_obs(plan, status=200))
     assert finding.kind is FindingKind.UNSAFE_ACCEPT
-    assert finding.severity is Severity.CRITICAL
+    assert finding.severity is Severity.HIGH  # usage counts the whole prompt, nothing leaked
     assert (finding.request_id, finding.tenant, finding.detector) == (
         "t1-r000004",
         "tenant-1",
@@ -134,3 +134,69 @@ def test_an_offset_does_not_hide_the_incident_signature() -> None:
     assert finding.details["incident_signature"] is True
     assert finding.details["difference"] == -3000
     assert "+1 token(s) the server adds" in finding.summary
+
+
+def other_finding(kind: FindingKind, request_id: str) -> Finding:
+    return Finding(kind, kind.severity, "content", request_id, "tenant-0", "an earlier finding")
+
+
+@pytest.mark.parametrize(
+    ("evidence", "prompt_tokens", "severity"),
+    [
+        ((), -1, Severity.HIGH),  # a real prefill shown by usage, nothing else fired
+        ((FindingKind.CROSS_TENANT_CANARY,), -1, Severity.CRITICAL),
+        ((FindingKind.UNKNOWN_CANARY,), -1, Severity.CRITICAL),
+        ((FindingKind.FAST_PREFILL,), -1, Severity.CRITICAL),
+        ((), 1, Severity.CRITICAL),  # the placeholder signature: never prefilled
+        ((), None, Severity.CRITICAL),  # no usage: nothing shows a prefill
+        ((), 2000, Severity.CRITICAL),  # usage that is not the prompt's
+    ],
+)
+def test_unsafe_accept_severity_follows_the_evidence(
+    evidence: tuple[FindingKind, ...], prompt_tokens: int | None, severity: Severity
+) -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="reject")
+    obs = make_obs(plan, status=200, prompt_tokens=prompt_tokens)
+    others = [other_finding(kind, plan.request_id) for kind in evidence]
+    others.append(other_finding(FindingKind.CROSS_TENANT_CANARY, "another-request"))
+    found = ProtocolDetector(LIMITS).check(plan, obs, others)
+    [accept] = [f for f in found if f.kind is FindingKind.UNSAFE_ACCEPT]
+    assert accept.severity is severity
+    assert accept.details["evidence_kinds"] == sorted(str(kind) for kind in evidence)
+
+
+@pytest.mark.parametrize(
+    ("status", "error_kind", "behaviour"),
+    [
+        (200, None, "accepted"),
+        (200, "truncated", "accepted"),
+        (400, "http_status", "rejected"),
+        (200, "error_in_success", "rejected"),
+        (None, "timeout", "unanswered"),
+    ],
+)
+def test_a_prompt_exactly_at_the_limit_is_a_boundary_probe_never_a_finding(
+    status: int | None, error_kind: str | None, behaviour: str
+) -> None:
+    plan = make_plan(num_prompt_tokens=LIMITS.pool_tokens, expected="boundary")
+    obs = make_obs(plan, status=status, error_kind=error_kind)
+    detector = ProtocolDetector(LIMITS)
+    found = detector.check(plan, obs)
+    assert FindingKind.UNSAFE_ACCEPT not in kinds(found)
+    assert detector.boundary_counts == {behaviour: 1}
+
+
+def test_one_token_over_the_limit_is_over_it() -> None:
+    plan = make_plan(num_prompt_tokens=LIMITS.pool_tokens + 1, expected="reject")
+    found = ProtocolDetector(LIMITS).check(plan, make_obs(plan, status=200))
+    assert kinds(found) == [FindingKind.UNSAFE_ACCEPT]
+
+
+@pytest.mark.parametrize("expected", ["accept", "boundary", "reject"])
+def test_an_error_inside_a_success_status_is_its_own_finding(expected: str) -> None:
+    plan = make_plan(num_prompt_tokens=3000 if expected == "reject" else 500, expected=expected)
+    obs = make_obs(plan, status=200, prompt_tokens=None, error_kind="error_in_success")
+    [finding] = ProtocolDetector(LIMITS).check(plan, obs)
+    assert finding.kind is FindingKind.ERROR_IN_SUCCESS  # for reject: not an unsafe_accept
+    assert finding.severity is Severity.MEDIUM
+    assert "HTTP 200" in finding.summary

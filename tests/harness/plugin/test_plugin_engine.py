@@ -90,7 +90,7 @@ def test_the_vulnerable_engine_fails_the_incident_checks_readably(
     result.stdout.fnmatch_lines(
         [
             "kvcanary check 1 failed: over-pool prompts are rejected with an error, not answered",
-            "  * prompt(s) at or above the KV pool (* tokens) got HTTP 200 instead of an error",
+            "  * prompt(s) above the KV pool (* tokens) got HTTP 200 instead of an error",
             "  - unsafe_accept (critical) t*-r* [[]tenant-*[]]",
             "      request: * tokens (*, expected reject), HTTP 200, usage.prompt_tokens=*, TTFT *",
             "  report: runs/suite-incident/report.html",

@@ -105,7 +105,7 @@ def write_run(tmp_path: Path, requests: list[Req], findings: list[Finding]) -> W
     # the runner journals the timing detector's final fit; checks apply exactly that line
     timing.finish()
     model = timing.model.to_dict() if timing.model is not None else None
-    events.append(TimingFitted(model, t_wall=2.5, final=True))
+    events.append(TimingFitted(model, t_wall=2.5, final=True, not_judged=timing.not_judged))
     events.append(RunFinished("completed", 3.0, len(requests)))
     writer = JournalWriter(tmp_path / "journal.jsonl")
     for event in events:
@@ -143,20 +143,44 @@ def test_an_answered_over_pool_prompt_fails_check_1_with_its_finding(tmp_path: P
     accepted = finding(FindingKind.UNSAFE_ACCEPT, "t1-r1")
     run = write_run(
         tmp_path,
-        [Req("t0-r0", 1000), Req("t1-r1", POOL, "reject", "probe", prompt_tokens=1)],
+        [Req("t0-r0", 1000), Req("t1-r1", POOL + 1, "reject", "probe", prompt_tokens=1)],
         [accepted],
     )
     outcome = over_pool_rejected(run)
     assert outcome.status == "failed"
     assert outcome.findings == (accepted,)
-    assert "1 of 1 prompt(s) at or above the KV pool (2656 tokens) got HTTP 200" in outcome.reason
+    assert "1 of 1 prompt(s) above the KV pool (2656 tokens) got HTTP 200" in outcome.reason
+
+
+def test_a_prompt_exactly_at_the_pool_is_a_boundary_probe_not_held_to_check_1(
+    tmp_path: Path,
+) -> None:
+    run = write_run(
+        tmp_path,
+        [Req("t0-r0", 1000), Req("t1-r1", POOL, "boundary", "probe"),
+         Req("t2-r2", POOL + 1, "reject", "probe", status=400)],
+        [],
+    )  # fmt: skip
+    outcome = over_pool_rejected(run)
+    assert outcome.status == "passed"
+    assert outcome.reason == "all 1 prompt(s) above the KV pool (2656 tokens) were rejected"
+
+
+def test_an_error_inside_a_200_is_a_refusal_for_check_1(tmp_path: Path) -> None:
+    run = write_run(
+        tmp_path,
+        [Req("t0-r0", 1000),
+         Req("t1-r1", POOL + 1, "reject", "probe", ttft_ms=None, error_kind="error_in_success")],
+        [],
+    )  # fmt: skip
+    assert over_pool_rejected(run).status == "passed"
 
 
 def test_rejected_over_limit_prompts_pass_checks_1_and_2(tmp_path: Path) -> None:
     run = write_run(
         tmp_path,
         [Req("t0-r0", 1000), Req("t1-r1", POOL + 1, "reject", "probe", status=400),
-         Req("t2-r2", CONTEXT, "reject", "probe", status=413)],
+         Req("t2-r2", CONTEXT + 1, "reject", "probe", status=413)],
         [],
     )  # fmt: skip
     assert over_pool_rejected(run).status == "passed"
@@ -167,14 +191,15 @@ def test_over_limit_prompts_never_sent_or_never_answered_are_inconclusive(tmp_pa
     run = write_run(
         tmp_path,
         [Req("t0-r0", 1000),
-         Req("t1-r1", POOL, "reject", "probe", status=None, ttft_ms=None, error_kind="timeout")],
+         Req("t1-r1", POOL + 1, "reject", "probe", status=None, ttft_ms=None,
+             error_kind="timeout")],
         [],
     )  # fmt: skip
     pool, context = over_pool_rejected(run), over_context_rejected(run)
     assert pool.status == context.status == "failed"
     assert pool.reason.startswith("inconclusive: none of the 1 prompt(s)")
     assert "timeout 1" in pool.reason
-    assert context.reason.startswith("inconclusive: no prompt at or above the context length")
+    assert context.reason.startswith("inconclusive: no prompt above the context length")
 
 
 # -- 3 and 4: no other tenant's canary -------------------------------------------------------
@@ -247,7 +272,21 @@ def test_a_clean_prefill_line_passes_check_6(tmp_path: Path) -> None:
 def test_ttft_noise_larger_than_a_prefill_skips_check_6(tmp_path: Path) -> None:
     outcome = real_prefill(write_run(tmp_path, linear_ttfts(noise_ms=900.0), []))
     assert outcome.status == "skipped"
-    assert "too large next to the prefill" in outcome.reason
+    assert outcome.reason.startswith("not judged: TTFT noise")
+    assert "hides the prefill of every answered prompt" in outcome.reason
+
+
+def test_over_limit_answers_too_short_to_judge_skip_check_6_as_not_judged(
+    tmp_path: Path,
+) -> None:
+    # a clean line, but the answered over-pool probe is shorter than the rule's reach
+    requests = [*linear_ttfts(noise_ms=100.0), Req("t1-r98", POOL + 1, "reject", "probe")]
+    run = write_run(tmp_path, requests, [])
+    model = run.summary["timing"]["model"]
+    assert model["min_eligible_tokens"] > POOL + 1  # the premise: too short for the rule
+    outcome = real_prefill(run)
+    assert outcome.status == "skipped"
+    assert outcome.reason.startswith("not judged: 1 of 1 answered over-limit prompt(s)")
 
 
 def test_a_largest_prompt_answered_too_fast_fails_check_6_without_a_finding(

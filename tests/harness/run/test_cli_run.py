@@ -44,10 +44,13 @@ def fake_target(
     status: int | None = None,
     echo_auth: bool = False,
     die_after: int | None = None,
+    hang_after: int | None = None,
 ) -> Any:
     """A safe target (or, with `status`, one that answers every POST with that status; with
     `echo_auth`, one that quotes the Authorization header back in errors and answers; with
-    `die_after`, one whose worker dies after that many requests: 503 from then on)."""
+    `die_after`, one whose worker dies after that many requests: 503 from then on; with
+    `hang_after`, one whose worker hangs after that many: `/health` says 503, and requests
+    are never answered)."""
     num_posts = 0
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -62,6 +65,9 @@ def fake_target(
         if scope["method"] == "GET":
             if scope["path"] == "/v1/models":
                 await _json(send, 200, {"data": [{"id": "fake", "max_model_len": CONTEXT}]})
+            elif scope["path"] == "/health" and hang_after is not None:
+                hung = num_posts > hang_after
+                await _json(send, 503 if hung else 200, {"status": "dead" if hung else "ok"})
             else:
                 await _json(send, 404, {"error": {"message": "not found"}})
             return
@@ -69,6 +75,8 @@ def fake_target(
             await _json(send, status, {"error": {"message": "internal error"}})
             return
         num_posts += 1
+        if hang_after is not None and num_posts > hang_after:
+            await asyncio.Event().wait()  # until the client gives up and disconnects
         if die_after is not None and num_posts > die_after:
             await _json(send, 503, {"error": {"message": "CB worker is dead"}})
             return
@@ -484,6 +492,29 @@ def test_a_credential_the_target_echoes_back_is_never_written_or_printed(
         assert "[credential redacted]" in journal  # the echo was there, and was scrubbed
     else:  # the error bodies quoting it are the target's words: a length and a hash
         assert " chars redacted, sha256:" in journal
+
+
+def test_a_target_that_hangs_is_seen_dead_by_its_health_route(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Requests that time out say nothing about health (a long prefill is not a dead
+    target); the target's own `/health` answering 503 does."""
+    out = tmp_path / "run"
+    argv = ["run", *LIMIT_FLAGS, "--requests", "16", "--concurrency", "2", "--timeout", "3s"]
+    with serve(fake_target(hang_after=8)) as url:
+        status = main([*argv, "--target", url, "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 3, printed
+    assert "the target stopped serving: its health route failed (last: GET /health: HTTP 503)" in (
+        printed.err
+    )
+    (unhealthy,) = of_type(records(out), "target_unhealthy")
+    assert unhealthy["source"] == "health"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["target_unhealthy"]["source"] == "health"
+    assert summary["verdict"] == "inconclusive"
+    timeouts = [o for o in of_type(records(out), "observation") if o["error_kind"] == "timeout"]
+    assert timeouts  # the hung requests, which alone would not have said it
 
 
 def test_a_target_that_dies_mid_run_is_reported_and_inconclusive(

@@ -79,7 +79,8 @@ def test_foreign_text_in_error_bodies_is_never_written_in_clear_by_default(
     files = {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file()}
     assert {"journal.jsonl", "summary.json", "report.html", "report.md", "junit.xml"} <= set(files)
     for name, text in files.items():
-        if not (raw and name == "journal.jsonl"):
+        # --keep-raw-evidence keeps the target's words in the journal and evidence/ (0600)
+        if not (raw and (name == "journal.jsonl" or name.startswith("evidence/"))):
             assert PLANTED not in text, name
     observations = [
         json.loads(line)
@@ -89,12 +90,12 @@ def test_foreign_text_in_error_bodies_is_never_written_in_clear_by_default(
     # abort plans drop the connection after the response head, before any body is read
     observations = [o for o in observations if o["error_kind"] != "disconnected"]
     errors = [o["error"] for o in observations]
-    assert {o["error_kind"] for o in observations} == {"http_status", "protocol"}
+    assert {o["error_kind"] for o in observations} == {"http_status", "error_in_success"}
     if raw:
         assert all(PLANTED in e for e in errors)  # kept, for the person who asked for it
     else:
         # what went wrong stays readable; the target's words become a length and a hash
         assert all(" chars redacted, sha256:" in e for e in errors), errors
         assert any(e.startswith("HTTP 500: [… ") for e in errors)
-        assert any(e.startswith("StreamViolation: error event in stream: [… ") for e in errors)
+        assert any(e.startswith("ErrorInSuccess: error event in stream: [… ") for e in errors)
     assert "HTTP 500: [… " in printed.err  # the target-unhealthy line, redacted either way

@@ -115,7 +115,7 @@ def test_run_b_names_run_a_and_its_tenant_for_a_canary_a_minted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     keyring = tmp_path / "keyring.json"
-    common = [*LIMIT_FLAGS, "--requests", "8", "--tenants", "2", "--keyring", str(keyring)]
+    common = [*LIMIT_FLAGS, "--requests", "12", "--tenants", "2", "--keyring", str(keyring)]
     with serve(fake_target()) as url:
         assert main(["run", "--target", url, *common, "--out", str(tmp_path / "a")]) == 0
     assert stat.S_IMODE(keyring.stat().st_mode) == 0o600
@@ -145,7 +145,7 @@ def test_without_the_flag_no_key_is_written(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with serve(fake_target()) as url:
-        argv = ["run", "--target", url, *LIMIT_FLAGS, "--requests", "4", "--out", "out"]
+        argv = ["run", "--target", url, *LIMIT_FLAGS, "--requests", "12", "--out", "out"]
         assert main(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert not list((tmp_path / "out").glob("*keyring*"))

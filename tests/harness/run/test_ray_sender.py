@@ -133,18 +133,43 @@ def test_the_same_seed_gives_the_same_findings_as_one_process(
     assert _findings(outs["ray"]) == found
 
 
-def test_a_ray_run_finds_the_bundled_engines_leak(tmp_path: Path, local_ray: None) -> None:
-    """On the bundled engine the exact findings depend on how soon a request follows the
-    last (page release races the next allocation), so a Ray run's differ in detail from a
-    local run's; the leak itself must be found the same way."""
+def test_a_ray_run_finds_the_bundled_engines_leak_as_one_process_does(
+    tmp_path: Path, local_ray: None
+) -> None:
+    """On the bundled engine, with the same seed, a Ray run sends the same plans and gets
+    the same verdict, the leak found by content and protocol, and the same `unsafe_accept`s
+    (those follow from the plans and the engine's admission alone) as one process. Which
+    stale page a
+    probe reads depends on how soon it follows the last request's release (page release
+    races the next allocation), so the content findings' owners may differ in detail."""
     from reference_engine.server.launch import running_engine
 
-    out = tmp_path / "run"
-    with running_engine("vulnerable", context_length=SMALL_CONTEXT) as engine:
-        args = ["--requests", "24", "--concurrency", "1", "--ray", "--out", str(out)]
-        assert main(["run", "--target", str(engine.base_url), *args]) == 1
-    kinds = {kind for kind, *_ in _findings(out)}
-    assert {"cross_tenant_canary", "unsafe_accept"} <= kinds, kinds
+    args = ["--seed", "5", "--requests", "24", "--concurrency", "1"]
+    outs = {how: tmp_path / how for how in ("local", "ray")}
+    for how, out in outs.items():
+        extra = ["--ray"] if how == "ray" else []
+        with running_engine("vulnerable", context_length=SMALL_CONTEXT) as engine:
+            run = ["run", "--target", str(engine.base_url), *args, *extra, "--out", str(out)]
+            assert main(run) == 1, how
+
+    def plans(out: Path) -> list[tuple[Any, ...]]:
+        rows = [r for r in _rows(out) if r["type"] == "plan"]
+        # the canaries differ (each run mints under a fresh random key); the plans do not
+        return [(r["request_id"], r["tenant"], r["intent"], r["num_prompt_tokens"]) for r in rows]
+
+    def accepted_over_limit(out: Path) -> set[str]:
+        return {request for kind, request, *_ in _findings(out) if kind == "unsafe_accept"}
+
+    assert plans(outs["ray"]) == plans(outs["local"])
+    kinds = {how: {kind for kind, *_ in _findings(out)} for how, out in outs.items()}
+    for how in outs:  # found by content and by protocol either way
+        assert {"cross_tenant_canary", "unsafe_accept"} <= kinds[how], kinds
+    # the timing detector's findings depend on the machine's load, not on who sends
+    assert accepted_over_limit(outs["ray"]) == accepted_over_limit(outs["local"])
+    verdicts = {
+        how: json.loads((out / "summary.json").read_text())["verdict"] for how, out in outs.items()
+    }
+    assert verdicts == {"local": "leak", "ray": "leak"}
 
 
 def test_a_killed_actor_fails_its_requests_and_the_run_finishes(

@@ -204,3 +204,27 @@ async def test_a_target_whose_worker_dies_mid_run_is_declared_unhealthy() -> Non
     before = events[events.index(declared[0]) - 1]
     assert isinstance(before, ObservationRecorded)
     assert before.observation.request_id == "t0-r000010"
+
+
+def test_a_failing_health_route_declares_the_target_unhealthy_and_a_passing_one_ends_it() -> None:
+    tracker = HealthTracker(threshold=5)
+    assert tracker.observe_health("GET /health: HTTP 503", 1.0, 1.0) == []  # not served yet
+    assert tracker.observe_health("GET /health: HTTP 503", 2.0, 2.0) == []
+    tracker.observe(obs(0, 200), 3.0)
+    assert tracker.observe_health("GET /health: HTTP 503", 4.0, 4.1) == []  # one is a blip
+    assert tracker.observe_health(None, 5.0, 5.1) == []
+    assert tracker.observe_health("GET /health: HTTP 503", 6.0, 6.1) == []
+    (declared,) = tracker.observe_health("GET /health: HTTP 503", 8.0, 8.1)
+    assert declared == TargetUnhealthy(
+        t_wall=8.1,
+        since_t_wall=6.0,
+        num_failed=0,
+        num_served_before=1,
+        first_request_id="",
+        last_error="GET /health: HTTP 503",
+        source="health",
+    )
+    assert tracker.observe_health("GET /health: HTTP 503", 10.0, 10.1) == []  # declared once
+    assert tracker.observe(obs(1, None, "timeout"), 11.0) == []  # neutral either way
+    assert tracker.observe_health(None, 12.0, 12.1) == [TargetServing(t_wall=12.1, num_failed=0)]
+    assert not tracker.unhealthy

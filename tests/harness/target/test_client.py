@@ -258,13 +258,29 @@ async def test_disconnect_after_chunks_drops_the_stream() -> None:
     assert bodies[1].num_served == 0
 
 
-async def test_error_object_inside_a_200_stream_is_protocol_and_keeps_text() -> None:
+async def test_error_object_inside_a_200_stream_is_an_error_in_success_and_keeps_text() -> None:
     body = sse(chat_chunk("partial"), {"error": {"message": "boom", "code": 500}})
     observation = await send(target(lambda request: event_stream(Pieces([body]))))
-    assert observation.error_kind == "protocol"
+    assert observation.error_kind == "error_in_success"
     assert observation.error is not None
     assert "boom" in observation.error
     assert observation.text == "partial"
+
+
+async def test_vllm_error_response_with_http_200_is_an_error_in_success() -> None:
+    """vLLM's `ErrorResponse` shape, sent whole with a success status: not an empty answer."""
+    error = {
+        "object": "error",
+        "message": "prompt too long",
+        "type": "BadRequestError",
+        "code": 400,
+    }
+    streamed = sse(error)
+    observation = await send(target(lambda request: event_stream(Pieces([streamed]))))
+    assert (observation.status, observation.error_kind) == (200, "error_in_success")
+    assert observation.error is not None
+    assert "prompt too long" in observation.error
+    assert not observation.ok
 
 
 @pytest.mark.parametrize(

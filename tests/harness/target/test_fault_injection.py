@@ -58,8 +58,8 @@ COMPLETION_FAULTS: list[tuple[str, ErrorKind | None, bool]] = [
     ("html_500", "http_status", False),
     ("not_sse", "protocol", False),  # an HTML page after 200
     ("redirect", "http_status", False),
-    ("error_after_200", "protocol", False),
-    ("error_event", "protocol", False),
+    ("error_after_200", "error_in_success", False),
+    ("error_event", "error_in_success", False),
     ("hang", "timeout", False),  # before the headers
     ("hang_mid_stream", "timeout", False),
     ("trickle_1bps", "timeout", False),
@@ -181,8 +181,8 @@ async def test_every_discovery_fault_is_a_recorded_attempt(
         assert [a.yielded for a in facts.attempts if a.url.endswith("/metrics")] == ["not tried"]
 
 
-async def test_a_lone_surrogate_in_a_model_name_is_replaced(url: str) -> None:
-    async with make_http_client() as http:
+async def test_a_lone_surrogate_in_a_model_name_is_replaced(url: str, backend: Backend) -> None:
+    async with make_http_client(backend=backend) as http:
         facts = await read_engine_facts(
             http, f"{url}/models_surrogate", timeout_s=DISCOVERY_TIMEOUT_S
         )
@@ -190,9 +190,9 @@ async def test_a_lone_surrogate_in_a_model_name_is_replaced(url: str) -> None:
     assert facts.context_tokens == 4096
 
 
-async def test_cancelling_discovery_stops_it_at_once(url: str) -> None:
+async def test_cancelling_discovery_stops_it_at_once(url: str, backend: Backend) -> None:
     """Ctrl-C arrives as a cancellation: it must end discovery, not be taken for a timeout."""
-    async with make_http_client() as http:
+    async with make_http_client(backend=backend) as http:
         task = asyncio.ensure_future(read_engine_facts(http, f"{url}/all_hang", timeout_s=60.0))
         waits = 0
         while not task.done() and waits < 20:  # let both requests get under way
@@ -246,11 +246,13 @@ async def test_a_reset_before_the_response_head_is_an_observation(
 
 
 @pytest.mark.parametrize("fault", ["gzip_bomb", "body_200mb", "deep_json"])
-async def test_one_off_requests_read_hostile_answers_bounded(url: str, fault: str) -> None:
+async def test_one_off_requests_read_hostile_answers_bounded(
+    url: str, fault: str, backend: Backend
+) -> None:
     """Calibration reads one non-streamed answer: a bomb or a huge body is cut at 1 MiB and
     becomes the usual one-line `ConfigError` (the run then goes on without the offset)."""
     with HeapPeak(True) as heap:
-        async with make_http_client(timeout=TIMEOUT) as http:
+        async with make_http_client(timeout=TIMEOUT, backend=backend) as http:
             with pytest.raises(ConfigError, match="calibration request") as raised:
                 await measure_prompt_token_offset(
                     http, f"{url}/{fault}", "m", "completions", WordTokenizer(), Tenant("t")

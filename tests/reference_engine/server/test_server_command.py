@@ -112,3 +112,23 @@ def test_copy_noise_and_dtype_reach_the_engine_config() -> None:
     default = build_parser().parse_args(["serve"])
     assert "copy_noise" not in _overrides(default)
     assert "dtype" not in _overrides(default)
+
+
+@pytest.mark.parametrize("flag", ["--page-size", "--context-length", "--decode-pool-tokens"])
+def test_a_size_that_is_not_positive_is_a_one_line_error(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", flag, "0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"kvcanary: error: {flag} must be a positive number of tokens, got 0"
+
+
+def test_pools_too_large_to_allocate_are_a_one_line_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 2**40 tokens of KV is far past any machine's memory: the allocator refuses at once
+    assert main(["serve", "--context-length", str(2**40), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvcanary: error: cannot allocate the engine's KV pools (")
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

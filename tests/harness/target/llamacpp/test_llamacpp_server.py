@@ -125,18 +125,22 @@ def test_audit_probe_is_counted_by_llamacpp_and_refused(
     assert (probe["outcome"], probe["status"], status) == ("rejected", 400, 0)
 
 
+@pytest.mark.parametrize("tokenizer", ["server", "path"])
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_a_run_against_llamacpp_is_clean(
-    bpe_server: LlamaServer, tmp_path: Path, api: str, capsys: pytest.CaptureFixture[str]
+    bpe_server: LlamaServer,
+    tmp_path: Path,
+    api: str,
+    tokenizer: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """llama.cpp keeps each slot's KV to itself: the run must find nothing, BOS included.
-
-    (The byte-level model is not run end to end yet: its canaries take 46 tokens, which no
-    page size of 80 can attribute; that waits for the tokenizer-derived canary alphabet.)
-    """
+    """llama.cpp keeps each slot's KV to itself: the run must find nothing, BOS included,
+    counting with the server's tokenize route or with the model's own tokenizer.json (the
+    byte-level model: `test_a_byte_level_model_runs_clean_with_a_stated_window`)."""
     llama_server = bpe_server
     out = tmp_path / "run"
-    argv = ["run", "--target", llama_server.url, "--tokenizer", "server", "--api", api]
+    counter = "server" if tokenizer == "server" else str(llama_server.model.tokenizer_json)
+    argv = ["run", "--target", llama_server.url, "--tokenizer", counter, "--api", api]
     argv += ["--page-size", "80", "--requests", "40", "--concurrency", "2", "--seed", "3"]
     status = main([*argv, "--out", str(out)])
     printed = capsys.readouterr()
@@ -182,3 +186,28 @@ def test_a_byte_level_model_runs_clean_with_a_stated_window(
     assert "at least 91 tokens" in line
     assert "--strict-page-size" in line
     assert "Traceback" not in printed.err
+
+
+def test_the_cache_probe_finds_llamacpps_prompt_cache_shared_across_tenants(
+    bpe_server: LlamaServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama.cpp reuses a slot's cached prompt for whoever sends the same prefix next (it has
+    no notion of tenants) and reports it in `cached_tokens`: the probe says so for every
+    tenant pair, while the workload before it finds no canary (its prompts never share a
+    prefix). Its prompts are laced for the tokenizer's own canaries."""
+    out = tmp_path / "run"
+    argv = ["run", "--target", bpe_server.url, "--tokenizer", "server", "--api", "completions"]
+    argv += ["--page-size", "80", "--requests", "4", "--concurrency", "1", "--seed", "4"]
+    argv += ["--profile", "below", "--cache-probe", "--cache-probe-trials", "8"]
+    status = main([*argv, "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 1, printed.err[-2000:]
+    assert "Traceback" not in printed.err
+    summary = json.loads((out / "summary.json").read_text())
+    [probe] = summary["probes"]
+    assert (probe["probe"], probe["verdict"]) == ("cache_probe", "leak")
+    assert len(probe["reasons"]) == 4  # the ring of 4 tenant pairs
+    assert all("served from cache" in reason for reason in probe["reasons"])
+    rows = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in rows if r["type"] == "finding"}
+    assert kinds == {"shared_prefix_cache"}
