@@ -113,21 +113,3 @@ def test_chat_prompts_are_counted_with_the_template(tmp_path: Path) -> None:
     accepted = [r for r in journal(tmp_path) if r["type"] == "observation" and not r["error_kind"]]
     assert accepted
     assert all(r["usage"]["prompt_tokens"] is not None for r in accepted)
-
-
-def test_the_hardened_engine_within_its_limits_is_clean_and_says_what_was_not_tested(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`--profile below` plans no prompt above a limit: a clean run says so, and shows the
-    over-limit check as not run rather than passed."""
-    argv = ["run", "--engine-preset", "hardened", "--profile", "below", "--requests", "40"]
-    status = main([*argv, "--seed", "3", "--out", str(tmp_path)])
-    printed = capsys.readouterr()
-    assert status == 0, printed.out
-    result = summary(tmp_path)
-    assert result["verdict"] == "clean"
-    assert result["counts"]["findings_total"] == 0
-    assert result["evidence"]["num_above_limit_sent"] == 0
-    assert "over-limit handling was not tested" in result["verdict_reasons"][0]
-    assert result["checks"]["unsafe_accept"]["status"] == "not run"
-    assert printed.out.startswith("verdict: CLEAN")
