@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import tiktoken
 from misbehaving_server import serve
+from test_cli_run import _event, _json
 
 from canaries.shape import CANARY_PATTERN
 from harness.cli import main
@@ -109,22 +110,6 @@ def behaving_target(behaviour: str) -> Any:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
     return app
-
-
-async def _json(send: Send, status: int, obj: Any) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": json.dumps(obj).encode()})
-
-
-async def _event(send: Send, obj: Any) -> None:
-    data = b"data: " + json.dumps(obj).encode() + b"\n\n"
-    await send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 def run_against(behaviour: str, out: Path) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
