@@ -29,7 +29,15 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from canaries import WORDS, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
+from canaries import (
+    WORDS,
+    CanaryIndex,
+    CanaryMinter,
+    Owner,
+    build_prompt,
+    load_tokenizer,
+    scanner_fast,
+)
 from canaries.prose import Prose
 
 NUM_TOKENS = 1_048_576
@@ -56,7 +64,8 @@ def machine() -> str:
     return (
         f"{model}, {os.cpu_count()} CPUs visible, Python {platform.python_version()}, "
         f"numpy {np.__version__}, tiktoken {tiktoken.__version__}, {platform.system()}, "
-        f"load average {os.getloadavg()[0]:.1f} at start"
+        f"load average {os.getloadavg()[0]:.1f} at start, scanner core: "
+        f"{'compiled (canaries._foldscan)' if scanner_fast.CORE else 'pure Python (not built)'}"
     )
 
 
@@ -127,15 +136,41 @@ def bench_scan() -> list[str]:
     words_only = " ".join(random.Random(4).choice(WORDS) for _ in range(1_500_000))
     mb = len(text) / 1e6
 
-    def scan(body: str, chunk: int, reference: bool = False) -> int:
-        scanner = index.scanner(reference=reference)
+    def scan(
+        body: str,
+        chunk: int,
+        reference: bool = False,
+        on: CanaryIndex = index,
+        exact_only: bool = False,
+    ) -> int:
+        scanner = on.scanner(reference=reference, exact_only=exact_only)
         hits = 0
         for start in range(0, len(body), chunk):
             hits += len(scanner.feed(body[start : start + chunk]))
         return hits + len(scanner.finish())
 
+    def python_steps(fn: Callable[[], object]) -> Callable[[], object]:
+        """`fn` with the fast path's pure-Python steps in place of the compiled core."""
+
+        def run() -> object:
+            core, scanner_fast.CORE = scanner_fast.CORE, None
+            try:
+                return fn()
+            finally:
+                scanner_fast.CORE = core
+
+        return run
+
+    # the exact and normalized (tag) layers alone: the same canaries, no fragment layer
+    tags_only = CanaryIndex(minter)
+    tags_only.add_many((canary, Owner("t", "r")) for canary in live)
+    tags_only._fragments.clear()
+
     num_hits = scan(text, 1 << 20)
     assert num_hits == scan(text, 1 << 20, reference=True)
+    assert num_hits == python_steps(lambda: scan(text, 1 << 20))()
+    assert num_hits == scan(text, 1 << 20, on=tags_only)  # the echoes are verbatim canaries
+    assert num_hits == scan(text, 1 << 20, exact_only=True)
     # a response that quotes a whole laced prompt: every canary in it is a hit
     laced = build_prompt(
         load_tokenizer("cl100k_base"), minter, tenant=1, request=0, num_tokens=NUM_TOKENS
@@ -145,8 +180,8 @@ def bench_scan() -> list[str]:
     echo_hits = len(echo_index.scan(laced.text))
     assert echo_hits == len(laced.canaries)
 
-    def echo(reference: bool = False) -> int:
-        scanner = echo_index.scanner(reference=reference)
+    def echo(reference: bool = False, exact_only: bool = False) -> int:
+        scanner = echo_index.scanner(reference=reference, exact_only=exact_only)
         return len(scanner.feed(laced.text) + scanner.finish())
 
     events = text[: 1 << 21]  # an SSE stream: one ~4-character token per event
@@ -166,11 +201,26 @@ def bench_scan() -> list[str]:
     sample = text[: 8 * 1024 * 1024]
     sse, sse_ref = best_of(lambda: scan(events, 4), 3), best_of(lambda: scan(events, 4, True), 1)
     echo_fast, echo_ref = best_of(echo, 3), best_of(lambda: echo(True), 1)
+    echo_python = best_of(python_steps(echo), 3)
+    echo_exact = best_of(lambda: echo(exact_only=True), 3)
+    assert echo(exact_only=True) == echo_hits
     rows = [
         ("kvcanary scanner, 1 MiB chunks", mb / best_of(lambda: scan(text, 1 << 20), 3)),
         (
+            "fast path's pure-Python steps (no compiled core), 1 MiB chunks",
+            mb / best_of(python_steps(lambda: scan(text, 1 << 20)), 3),
+        ),
+        (
             "reference path (before), 1 MiB chunks",
             mb / best_of(lambda: scan(text, 1 << 20, True), 1),
+        ),
+        (
+            "kvcanary scanner, exact and normalized layers alone (no fragment layer), 1 MiB chunks",
+            mb / best_of(lambda: scan(text, 1 << 20, on=tags_only), 3),
+        ),
+        (
+            "kvcanary scanner, exact layer alone (`exact_only=True`, raw text), 1 MiB chunks",
+            mb / best_of(lambda: scan(text, 1 << 20, exact_only=True), 3),
         ),
         ("kvcanary scanner, 4 KiB chunks", mb / best_of(lambda: scan(text, 4096), 3)),
         ("kvcanary scanner, 64-char chunks", mb / best_of(lambda: scan(text, 64), 1)),
@@ -184,6 +234,14 @@ def bench_scan() -> list[str]:
             f"kvcanary scanner, echo of a laced 1M-token prompt ({echo_hits:,} hits, "
             f"{echo_fast / echo_hits * 1e6:.2f} µs/hit)",
             echo_mb / echo_fast,
+        ),
+        (
+            f"exact layer alone, same echo ({echo_exact / echo_hits * 1e6:.2f} µs/hit)",
+            echo_mb / echo_exact,
+        ),
+        (
+            f"pure-Python steps, same echo ({echo_python / echo_hits * 1e6:.2f} µs/hit)",
+            echo_mb / echo_python,
         ),
         (
             f"reference path (before), same echo ({echo_ref / echo_hits * 1e6:.2f} µs/hit)",

@@ -10,7 +10,8 @@ transit, event-loop queueing, SSE decoding and parsing.
 Four clients drive the same server in the same run, in interleaved rounds:
 
     harness     harness.target.client.TargetClient on `make_http_client()`: the default
-                backend (aiohttp I/O under the httpx API), httpx-sse, byte metering, parsing
+                backend (aiohttp I/O under the httpx API, requests handed to the transport
+                directly), its own SSE decoder, byte metering, full parsing, stamp at the read
     harness+httpcore  the same TargetClient on `backend="httpx"` (httpcore's pool; the
                 default before issue 18)
     httpx-raw   httpx streaming, `aiter_lines` + json.loads, stamp after parsing

@@ -2,8 +2,10 @@
 
 (a) Build: `canaries.build_prompt` (cl100k_base, page size 16 and 64) against one tiktoken
     encode of the same text, interleaved, best of 7 (the goal: at most 1.2x at page 16).
-    `--compare-with PATH` times another version of `canaries/prompt.py` alongside (for
-    example `git show HEAD:canaries/prompt.py > /tmp/old_prompt.py`), in the same run.
+    The same build with the numpy SipHash in place of the compiled one
+    (`canaries._siphash`) is timed alongside. `--compare-with PATH` times another version
+    of `canaries/prompt.py` alongside (for example `git show HEAD:canaries/prompt.py >
+    /tmp/old_prompt.py`), in the same run. `--build-only` skips (b).
 (b) Send: the client's Python heap peak (tracemalloc) while `TargetClient.send` posts a
     1M-token prompt to a local server (the `bench_client` server, one answer chunk), for
     each HTTP backend, against the baseline of the same body posted with httpx's `json=`
@@ -31,7 +33,7 @@ from typing import Any
 import bench_client
 import httpx
 
-from canaries import CanaryMinter, build_prompt, load_tokenizer
+from canaries import CanaryMinter, build_prompt, load_tokenizer, siphash
 from harness.target.client import TargetClient, make_http_client
 from harness.target.http_client import BACKENDS
 from tenants.plan import RequestPlan
@@ -57,14 +59,23 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
+def numpy_siphash(build: Callable[..., object], **kwargs: Any) -> object:
+    """`build(**kwargs)` with the numpy SipHash rounds in place of the compiled core."""
+    core, siphash.CORE = siphash.CORE, None
+    try:
+        return build(**kwargs)
+    finally:
+        siphash.CORE = core
+
+
 def bench_build(compare_with: Path | None, repeat: int) -> list[str]:
     tokenizer = load_tokenizer("cl100k_base")
     minter = CanaryMinter.from_seed(1, "bench")
     other = load_module(compare_with) if compare_with else None
     rows = [
-        "| page size | canaries | text | build | encode | build / encode |"
-        + (" compared / encode |" if other else ""),
-        "|---:|---:|---:|---:|---:|---:|" + ("---:|" if other else ""),
+        "| page size | canaries | text | build | encode | build / encode "
+        "| build with numpy SipHash / encode |" + (" compared / encode |" if other else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if other else ""),
     ]
     for page_size in (16, 64):
         kwargs: dict[str, Any] = {"num_tokens": NUM_TOKENS, "page_size": page_size}
@@ -72,12 +83,13 @@ def bench_build(compare_with: Path | None, repeat: int) -> list[str]:
         if other is not None:  # warm its caches too
             same = other.build_prompt(tokenizer, minter, tenant=1, request=1, **kwargs)
             assert (same.text, same.canaries) == (prompt.text, prompt.canaries)
-        builds, encodes, others = [], [], []
+        builds, encodes, others, numpys = [], [], [], []
         build = functools.partial(build_prompt, tokenizer, minter, tenant=1, **kwargs)
         encode = functools.partial(tokenizer.encode, prompt.text)
         for i in range(repeat):  # interleaved: load from other processes hits all alike
             builds.append(timed(functools.partial(build, request=i)))
             encodes.append(timed(encode))
+            numpys.append(timed(functools.partial(numpy_siphash, build, request=i)))
             if other is not None:
                 compared = functools.partial(other.build_prompt, tokenizer, minter, tenant=1)
                 others.append(timed(functools.partial(compared, request=i, **kwargs)))
@@ -85,7 +97,7 @@ def bench_build(compare_with: Path | None, repeat: int) -> list[str]:
         row = (
             f"| {page_size} | {len(prompt.canaries):,} | {len(prompt.text) / 1e6:.2f} MB "
             f"| {best_build * 1e3:.0f} ms | {best_encode * 1e3:.0f} ms "
-            f"| **{best_build / best_encode:.2f}x** |"
+            f"| **{best_build / best_encode:.2f}x** | {min(numpys) / best_encode:.2f}x |"
         )
         if other is not None:
             row += f" {min(others) / best_encode:.2f}x |"
@@ -155,9 +167,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare-with", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--build-only", action="store_true", help="skip (b), the send")
     args = parser.parse_args()
-    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n")
+    core = "compiled" if siphash.CORE else "numpy (canaries._siphash not built)"
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} CPUs, load average {load:.1f} at start, SipHash: {core}\n")
     print("\n".join(bench_build(args.compare_with, args.repeat)))
+    if args.build_only:
+        return
     tokenizer = load_tokenizer("cl100k_base")
     minter = CanaryMinter.from_seed(1, "bench")
     prompt = build_prompt(tokenizer, minter, tenant=1, request=1, num_tokens=NUM_TOKENS).text

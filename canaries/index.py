@@ -48,6 +48,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from canaries import scanner_fast
 from canaries.errors import CanaryError
@@ -152,13 +153,17 @@ class CanaryIndex:
             if _fragment_entry(self._fragments.get(key))[0] == canary:
                 del self._fragments[key]
 
-    def _live_origins(self, canaries: list[str]) -> list[CanaryOrigin | None]:
-        """The origins of live canaries (as `minter.attribute_canonical` decodes them)."""
+    def _live_origins(
+        self, canaries: list[str], *, listed: bool = True
+    ) -> list[CanaryOrigin | None]:
+        """The origins of live canaries (as `minter.attribute_canonical` decodes them);
+        with `listed` False only recorded in `_origins` (for the compiled core to read),
+        and [] returned."""
         known = self._origins
-        todo = [canary for canary in canaries if canary not in known]
+        todo = list(filterfalse(known.__contains__, canaries))
         if todo:
             known.update(zip(todo, self.minter.attribute_canonical(todo), strict=True))
-        return list(map(known.__getitem__, canaries))
+        return list(map(known.__getitem__, canaries)) if listed else []
 
     def fragment_words_at(self, offset: int) -> int | None:
         """The fragment length required at response `offset` now (None: no fragments)."""
@@ -166,12 +171,19 @@ class CanaryIndex:
             return None
         return self.fragment_rule.words_at(offset, self._peak_live)
 
-    def scanner(self, *, scan_block: int = SCAN_BLOCK, reference: bool = False) -> StreamScanner:
+    def scanner(
+        self, *, scan_block: int = SCAN_BLOCK, reference: bool = False, exact_only: bool = False
+    ) -> StreamScanner:
         """A scanner for one response. It scans once `scan_block` new characters have
         arrived: smaller blocks report hits sooner, larger ones scan faster. `reference`
         runs the pure-Python layers on every block (the oracle the fast path,
-        `canaries.scanner_fast`, is tested against), not only where a canary could be."""
-        return StreamScanner(self, scan_block=scan_block, reference=reference)
+        `canaries.scanner_fast`, is tested against), not only where a canary could be.
+        `exact_only` reports the exact layer's hits alone (canaries verbatim), found on
+        the raw text without folding it (`scanner_fast.find_exact`): the same hits as the
+        full scan's exact ones, at `str.find` speed."""
+        return StreamScanner(
+            self, scan_block=scan_block, reference=reference, exact_only=exact_only
+        )
 
     def scan(self, text: str) -> list[Hit]:
         """All hits in a complete text."""
@@ -182,6 +194,14 @@ class CanaryIndex:
         """Hits in `buffer` (whose first character is at absolute offset `base`) that end
         in (after, until], absolute offsets: the fast path, `_find_oracle`'s hits."""
         return scanner_fast.find(self, buffer, base, after, until)
+
+    def _find_exact(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
+        """`_find`'s exact hits alone, fast (`scanner_fast.find_exact`)."""
+        return scanner_fast.find_exact(self, buffer, base, after, until)
+
+    def _find_oracle_exact(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
+        """`_find_oracle`'s exact hits alone (the reference for `_find_exact`)."""
+        return [h for h in self._find_oracle(buffer, base, after, until) if h.layer == "exact"]
 
     def _find_oracle(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
         """`_find` by the pure-Python layers over the whole buffer (the reference)."""
@@ -362,12 +382,20 @@ class StreamScanner:
     """Scans one streamed response; `feed` chunks as they arrive, then `finish`."""
 
     def __init__(
-        self, index: CanaryIndex, *, scan_block: int = SCAN_BLOCK, reference: bool = False
+        self,
+        index: CanaryIndex,
+        *,
+        scan_block: int = SCAN_BLOCK,
+        reference: bool = False,
+        exact_only: bool = False,
     ) -> None:
         if scan_block < 1:
             raise CanaryError(f"scan_block must be positive, got {scan_block}")
         self._index = index
-        self._find = index._find_oracle if reference else index._find
+        if exact_only:
+            self._find = index._find_oracle_exact if reference else index._find_exact
+        else:
+            self._find = index._find_oracle if reference else index._find
         self._scan_block = scan_block
         self._tail = " "  # a separator before the response's first character
         self._base = -1  # absolute offset of _tail[0]

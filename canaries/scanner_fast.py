@@ -26,14 +26,23 @@ the same hits for far less work, in three steps:
    as in the whole block. Matches of MAX_MATCH characters or more are outside what the
    stream scanner promises anyway (`canaries.index`).
 
-The tests compare this path with the oracle on random texts and chunkings.
+Steps 1 and 2 have two implementations giving the same bytes and windows: the compiled
+core `canaries._foldscan` (`CORE`; C over the str's own buffer, one pass that folds
+through a 64 Ki-entry table of this module's foldings and finds the fragment windows
+with a small state machine) and the pure-Python steps above (`fold_bytes`,
+`fragment_windows`), used when the core was not built (no C compiler at install). The
+tests compare both with the oracle on random texts and chunkings, and the core with the
+pure-Python steps.
 """
 
 from __future__ import annotations
 
 import codecs
+from bisect import bisect_right
+from collections.abc import Callable
 from itertools import compress, repeat
-from typing import TYPE_CHECKING
+from operator import is_not
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -59,6 +68,7 @@ _SHAPE = bytes(
 )
 """Shape of a byte of ASCII text or of a folding: letters `a`, digits `0`, the rest space
 (ASCII letters in either case: fold them or not, the shape is the same)."""
+_SHAPE_CELLS = np.frombuffer(_SHAPE, np.uint8)
 
 
 class _RunTable(dict[int, str]):
@@ -100,59 +110,203 @@ def fold_bytes(text: str) -> bytes | None:
     return None if folded.find(_HARMFUL_BYTE) >= 0 else folded
 
 
+def _fold_code(code: int) -> int:
+    """The one-byte folding of a non-ASCII code point, for the compiled core."""
+    return ord(_RUNS[code])
+
+
+FoldScan = Callable[[str, int, Callable[[int], int]], "tuple[bytes, list[int], list[int]] | None"]
+
+
+def _load_core() -> FoldScan | None:
+    try:
+        from canaries._foldscan import fold_scan
+    except ImportError:  # installed without a C compiler: the pure-Python steps
+        return None
+    return fold_scan
+
+
+CORE: FoldScan | None = _load_core()
+"""The compiled core (`canaries/_foldscan.c`: steps 1 and 2 in one pass over the str's own
+buffer, and the resolution of tags and making of exact hits), or None when it was not
+built; `find` and `find_exact` give the same hits either way."""
+
+if CORE is not None:
+    from canaries._foldscan import exact_hits as _c_exact_hits
+    from canaries._foldscan import resolve_tags as _c_resolve_tags
+
+
 def find(index: CanaryIndex, buffer: str, base: int, after: int, until: int) -> list[Hit]:
     """`index._find_oracle(buffer, base, after, until)`, fast (the module docstring)."""
-    lowered = fold_bytes(buffer)
-    if lowered is None:
-        return index._find_oracle(buffer, base, after, until)
-    shape = lowered.translate(_SHAPE)
-    num_words = index.minter.num_words
-    length = len(TAG) + (WORD_LENGTH + 1) * num_words  # an exact canary
-    starts, canaries, seeds = _tags(lowered, shape, buffer, index._live, length)
-    k = index.fragment_words
-    if k is not None and index._fragments:
-        if starts:  # blank the exact canaries: a fragment starting inside one is moot
-            blanked = np.frombuffer(shape, np.uint8).copy()
-            blanked[(np.array(starts)[:, None] + np.arange(length)).ravel()] = 0
-            shape = blanked.tobytes()
-        pattern = b" " + b" ".join([b"a" * WORD_LENGTH] * k) + b" "
-        fragments, stride, width = index._fragments, WORD_LENGTH + 1, len(pattern)
-        position = shape.find(pattern)
-        while position >= 0:  # not a live k-gram: no fragment candidate, none in the oracle
+    k = index.fragment_words if index._fragments else None
+    windows: list[int] | None = None
+    if CORE is not None:
+        folded = CORE(buffer, k or 0, _fold_code)
+        if folded is None:
+            return index._find_oracle(buffer, base, after, until)
+        lowered, windows, tags = folded
+    else:
+        plain = fold_bytes(buffer)
+        if plain is None:
+            return index._find_oracle(buffer, base, after, until)
+        lowered, tags = plain, tag_starts(plain)
+    length = len(TAG) + (WORD_LENGTH + 1) * index.minter.num_words  # an exact canary
+    if CORE is not None:
+        starts, canaries, owners, seeds = _c_resolve_tags(
+            buffer, tags, length, index._live, lowered, _RAW_TAG
+        )
+    else:
+        starts, canaries, owners, seeds = _tags(lowered, tags, buffer, index._live, length)
+    if k is not None:
+        if windows is None:
+            windows = fragment_windows(lowered, k)
+        width = (WORD_LENGTH + 1) * k + 1
+        if starts and windows:  # a window touching an exact canary is moot
+            windows = _outside(windows, starts, length, width)
+        fragments = index._fragments
+        for position in windows:  # not a live k-gram: no fragment candidate in the oracle
             key = lowered[position + 1 : position + width - 1]
             if key.translate(_ASCII_BYTES_TABLE).decode() in fragments:
                 seeds.append(position)
-            position = shape.find(pattern, position + stride)
-    hits = _exact_hits(index, base, after, until, starts, canaries, length) if starts else []
+    hits = _exact_hits(index, base, after, until, starts, canaries, owners, length)
     if seeds:
         hits = _merge(hits, _window_hits(index, buffer, base, after, until, sorted(seeds)))
     return hits
 
 
-def _tags(
-    lowered: bytes, shape: bytes, buffer: str, live: dict[str, Owner], length: int
-) -> tuple[list[int], list[str], list[int]]:
-    """Where the tag occurs: the starts and texts of verbatim live canaries, and the other
-    occurrences (seeds). Vectorised: an echo holds a canary every ~60 characters."""
+_RAW_TAG = TAG + " "
+_ASCII_SEPARATORS = frozenset(chr(code) for code in range(128) if not chr(code).isalnum())
+"""ASCII characters that fold to a space (`canaries.normalize`): all but letters and digits."""
+
+
+def find_exact(index: CanaryIndex, buffer: str, base: int, after: int, until: int) -> list[Hit]:
+    """The exact layer alone, on the raw text (no folding): the hits of
+    `index._find_oracle(buffer, base, after, until)` whose layer is "exact".
+
+    An exact hit is a canary verbatim, so its text starts with `ydk ` (`str.find` over the
+    str's own buffer, at memory speed). A candidate whose `length` characters are a live
+    canary, between ASCII characters other than letters and digits, is one: such
+    characters fold to a space in both readings, so the oracle sees the tag as a word and
+    the canary's words as a run, and no other tag match can overlap it (its words hold no
+    `ydk` word) nor a fragment beat it. Any other candidate (not live, another run's
+    canary, a non-ASCII or missing neighbour) is resolved by the oracle in a window around
+    it, as `find` resolves seeds."""
+    length = len(TAG) + (WORD_LENGTH + 1) * index.minter.num_words
+    if CORE is not None:
+        starts, canaries, owners, seeds = _c_resolve_tags(
+            buffer, None, length, index._live, None, _RAW_TAG
+        )
+    else:
+        starts, canaries, owners, seeds = _raw_tags(buffer, index._live, length)
+    hits = _exact_hits(index, base, after, until, starts, canaries, owners, length)
+    if seeds:
+        at = set(seeds)
+        found = [
+            hit
+            for hit in _window_hits(index, buffer, base, after, until, seeds)
+            if hit.layer == "exact" and hit.start - base in at
+        ]
+        if found:
+            hits = sorted(hits + found, key=lambda hit: hit.start)
+    return hits
+
+
+def _raw_tags(
+    buffer: str, live: dict[str, Owner], length: int
+) -> tuple[list[int], list[str], list[Owner], list[int]]:
+    """`find_exact`'s candidates: the starts, texts and owners of the live canaries
+    verbatim between ASCII separators, and the other occurrences of `ydk ` (seeds)."""
+    separators, size, search = _ASCII_SEPARATORS, len(buffer), buffer.find
+    starts: list[int] = []
+    canaries: list[str] = []
+    seeds: list[int] = []
+    position = search(_RAW_TAG)
+    while position >= 0:
+        end = position + length
+        text = buffer[position:end]
+        if (
+            text in live
+            and position > 0
+            and end < size
+            and buffer[position - 1] in separators
+            and buffer[end] in separators
+        ):
+            starts.append(position)
+            canaries.append(text)
+            position = search(_RAW_TAG, end)  # no exact hit starts inside a canary
+        else:
+            seeds.append(position)
+            position = search(_RAW_TAG, position + 1)
+    return starts, canaries, list(map(live.__getitem__, canaries)), seeds
+
+
+def fragment_windows(lowered: bytes, k: int) -> list[int]:
+    """Where a fragment window of `k` words starts in a folding (`fold_bytes`): a
+    separator, then k times six letters and a separator (the pure-Python search; the
+    compiled core finds the same windows while it folds)."""
+    shape = lowered.translate(_SHAPE)
+    pattern = b" " + b" ".join([b"a" * WORD_LENGTH] * k) + b" "
+    stride = WORD_LENGTH + 1  # windows overlap by whole words only
+    windows = []
+    position = shape.find(pattern)
+    while position >= 0:
+        windows.append(position)
+        position = shape.find(pattern, position + stride)
+    return windows
+
+
+def _outside(windows: list[int], starts: list[int], length: int, width: int) -> list[int]:
+    """The windows `[p, p + width)` that overlap no exact canary `[s, s + length)` (the
+    canaries do not overlap each other, so the last one starting before a window's end
+    is the only one to check)."""
+    begin, canary = np.array(windows), np.array(starts)
+    last = np.searchsorted(canary, begin + width) - 1
+    clear = (last < 0) | (canary[np.maximum(last, 0)] + length <= begin)
+    kept: list[int] = begin[clear].tolist()
+    return kept
+
+
+def tag_starts(lowered: bytes) -> list[int]:
+    """Where the tag starts in a folding (the pure-Python search; the compiled core finds
+    the same starts while it folds)."""
     pieces = lowered.split(_TAG)  # the tag cannot overlap itself: split finds them all
     if len(pieces) == 1:
-        return [], [], []
+        return []
     sizes = np.fromiter(map(len, pieces), np.int64, len(pieces))
-    positions = np.cumsum(sizes[:-1] + len(TAG)) - len(TAG)
+    starts: list[int] = (np.cumsum(sizes[:-1] + len(TAG)) - len(TAG)).tolist()
+    return starts
+
+
+def _tags(
+    lowered: bytes, tags: list[int], buffer: str, live: dict[str, Owner], length: int
+) -> tuple[list[int], list[str], list[Owner], list[int]]:
+    """Of the tags, the starts, texts and owners of verbatim live canaries, and the other
+    occurrences (seeds). Vectorised: an echo holds a canary every ~60 characters (the
+    compiled core's `resolve_tags` does the same in one C loop)."""
+    if not tags:
+        return [], [], [], []
+    positions = np.array(tags, np.int64)
     ends = positions + length
-    cells = np.frombuffer(shape, np.uint8)
-    framed = (positions > 0) & (cells[np.maximum(positions - 1, 0)] == _SPACE)
-    framed &= (ends < len(shape)) & (cells[np.minimum(ends, len(shape) - 1)] == _SPACE)
+    cells = np.frombuffer(lowered, np.uint8)
+    before = _SHAPE_CELLS[cells[np.maximum(positions - 1, 0)]]
+    after = _SHAPE_CELLS[cells[np.minimum(ends, len(lowered) - 1)]]
+    framed = (positions > 0) & (before == _SPACE) & (ends < len(lowered)) & (after == _SPACE)
     chosen = np.flatnonzero(framed)
     texts = list(
         map(buffer.__getitem__, map(slice, positions[chosen].tolist(), ends[chosen].tolist()))
     )
-    known = np.fromiter(map(live.__contains__, texts), bool, len(texts))
+    owners = list(map(live.get, texts))
+    known = np.fromiter(map(is_not, owners, repeat(None)), bool, len(texts))
     exact = np.zeros(len(positions), bool)
     exact[chosen[known]] = True
+    if known.all():
+        starts: list[int] = positions[exact].tolist()
+        return starts, texts, cast("list[Owner]", owners), positions[~exact].tolist()
+    chosen_known = known.tolist()
     return (
         positions[exact].tolist(),
-        list(compress(texts, known.tolist())),
+        list(compress(texts, chosen_known)),
+        cast("list[Owner]", list(compress(owners, chosen_known))),  # the known ones
         positions[~exact].tolist(),
     )
 
@@ -164,20 +318,31 @@ def _exact_hits(
     until: int,
     starts: list[int],
     canaries: list[str],
+    owners: list[Owner],
     length: int,
 ) -> list[Hit]:
-    if not (after < base + starts[0] + length and base + starts[-1] + length <= until):
-        kept = [i for i, start in enumerate(starts) if after < base + start + length <= until]
-        starts, canaries = [starts[i] for i in kept], [canaries[i] for i in kept]
-    begin = [base + start for start in starts]
+    """The exact hits of live canaries at `starts` (in order) that end in (after, until]."""
+    first = bisect_right(starts, after - base - length)  # ends grow with starts
+    last = bisect_right(starts, until - base - length)
+    if first or last < len(starts):
+        starts, canaries, owners = starts[first:last], canaries[first:last], owners[first:last]
+    if not starts:
+        return []
+    if CORE is not None:
+        index._live_origins(canaries, listed=False)
+        hits: list[Hit] = _c_exact_hits(
+            Hit, canaries, starts, base, length, "exact", index._origins, owners
+        )
+        return hits
+    begin = np.array(starts, np.int64) + base
     return hits_from_columns(
         canaries,
-        begin,
-        [start + length for start in begin],
+        begin.tolist(),
+        (begin + length).tolist(),
         repeat("exact"),
         canaries,
         index._live_origins(canaries),
-        map(index._live.__getitem__, canaries),
+        owners,
     )
 
 

@@ -4,19 +4,23 @@ A run of a million requests journals two million plan and observation lines. Tur
 into an event object (`harness.record.journal.read_journal`) costs tens of seconds; the
 report needs only a few plain fields of each. So:
 
-- one cheap pass over the lines (no JSON parsing) sets aside the few lines that are not
-  plans or observations (run start and end, phases, findings, probe verdicts, timing fits),
-  which are then decoded as events in the ordinary way;
-- `pyarrow.json` parses the file in blocks against an explicit schema of just the fields
-  the request table uses (response text, hashes and canary text are skipped unread), and
-  each block is cut down to compact columns right away;
-- plans are joined to their observations by request id, vectorised.
+- one cheap pass over the lines (no JSON parsing; numpy over large chunks, see
+  `reports.journal_lines`) sets aside the few lines that are not plans or observations
+  (run start and end, phases, findings, probe verdicts, timing fits), which are then
+  decoded as events in the ordinary way, and notes where they lie;
+- `pyarrow.json` parses the plan and observation lines (read in large spans around those
+  others) in blocks against an explicit schema of just the fields the request table uses
+  (response text, hashes and canary text are skipped unread), and each few blocks are cut
+  down to compact columns right away;
+- plans are joined to their observations by a hash of the request id computed from
+  Arrow's buffers, vectorised, every match then checked against the ids.
 
 Anything this path is not sure to read exactly as `read_journal` would (a corrupt or torn
 line, a record that does not decode, a journal from a newer schema, a request id planned or
 observed twice) raises `SlowPathNeeded`, and `reports.frames` falls back to the event-by-event
 reader, which skips damage with a warning. `request_lines` is the same idea for the evidence
-pass: only lines whose request id a finding names are decoded.
+pass: only lines whose request id a finding names are decoded (found by the id's bytes,
+a chunk at a time).
 """
 
 from __future__ import annotations
@@ -44,10 +48,17 @@ from harness.record.events import (
     from_record,
 )
 from harness.record.journal import journal_segments
+from reports.allocator import release_free_memory
+from reports.journal_lines import (
+    OBSERVATION,
+    OTHER,
+    PLAN,
+    REQUEST_PREFIXES,
+    Chunk,
+    chunks,
+    hash_slices,
+)
 
-PLAN_PREFIX = b'{"type":"plan","request_id":"'
-OBSERVATION_PREFIX = b'{"type":"observation","request_id":"'
-_REQUEST_PREFIXES = (PLAN_PREFIX, OBSERVATION_PREFIX)
 _RECORD_START = b'{"type":"'
 """How `harness.record.journal.encode_event` starts every line (compact, `type` first)."""
 BLOCK_BYTES = 1 << 20
@@ -109,49 +120,112 @@ class JournalScan:
     a journal still being written gives both passes the same lines."""
     num_plans: int
     num_observations: int
+    others: tuple[tuple[tuple[int, int], ...], ...]
+    """Per segment, the byte ranges (start, end) of its lines that are not plans or
+    observations (the events above, blank lines): the request pass skips them unread."""
 
 
 def rare_events(run_dir: Path) -> JournalScan:
     """One pass over the raw lines: the rare events decoded, the request lines counted."""
     events: list[Event] = []
     segments: list[tuple[Path, int]] = []
+    others: list[tuple[tuple[int, int], ...]] = []
     longest = num_plans = num_observations = 0
     for segment in journal_segments(run_dir):
         size = 0
-        with segment.open("rb") as handle:
-            for line in handle:
-                size += len(line)
-                longest = max(longest, len(line))
+        ranges: list[tuple[int, int]] = []
+        for chunk in chunks(segment):
+            size = chunk.offset + int(chunk.ends[-1])
+            longest = max(longest, int((chunk.ends - chunk.starts).max()))
+            kinds = chunk.kinds()
+            requests = (kinds != OTHER) & chunk.well_ended()
+            num_plans += int(np.count_nonzero(kinds[requests] == PLAN))
+            num_observations += int(np.count_nonzero(kinds[requests] == OBSERVATION))
+            for index in np.flatnonzero(~requests).tolist():
+                line = chunk.line(index)
+                start = chunk.offset + int(chunk.starts[index])
+                ranges.append((start, start + len(line)))
                 if not line.endswith(b"}\n"):
                     if line.strip():
                         raise SlowPathNeeded(f"{segment.name}: a torn or corrupt line")
                     continue
-                if line.startswith(PLAN_PREFIX):
-                    num_plans += 1
-                elif line.startswith(OBSERVATION_PREFIX):
-                    num_observations += 1
-                else:
-                    events.append(_decode(line))
+                events.append(_decode(line))
         segments.append((segment, size))
-    return JournalScan(events, longest, tuple(segments), num_plans, num_observations)
+        others.append(tuple(ranges))
+    return JournalScan(events, longest, tuple(segments), num_plans, num_observations, tuple(others))
+
+
+_QUOTE = ord('"')
 
 
 def request_lines(run_dir: Path, request_ids: set[str]) -> Iterator[Event]:
-    """The plan and observation events of the given requests (one pass, few decodes)."""
-    wanted = {request_id.encode() for request_id in request_ids}
+    """The plan and observation events of the given requests (one pass, few decodes).
+
+    A request line is picked by its id's bytes where the line writes it (right after the
+    prefix), a chunk of lines at a time: the id's last eight bytes and its closing quote
+    are compared for every line at once, then the few lines left are compared in full and
+    decoded. Lines not written the way `encode_event` writes are decoded to be sure. An
+    event is yielded only if its decoded request id is one of `request_ids`."""
+    wanted: dict[int, set[bytes]] = {}
+    for request_id in request_ids:
+        # as `encode_event` writes it (ASCII, escaped), or as plain UTF-8
+        for written in (json.dumps(request_id)[1:-1].encode("ascii"), request_id.encode()):
+            wanted.setdefault(len(written), set()).add(written)
+    tails = {length: _tail_words(needles) for length, needles in wanted.items()}
     for segment in journal_segments(run_dir):
-        with segment.open("rb") as handle:
-            for line in handle:
-                prefix = next((p for p in _REQUEST_PREFIXES if line.startswith(p)), None)
-                if prefix is not None:
-                    end = line.find(b'"', len(prefix))
-                    if line[len(prefix) : end] in wanted:
-                        yield _decode(line)
-                elif not line.startswith(_RECORD_START) and line.strip():
-                    # not written the way `encode_event` writes: decode it to be sure
-                    event = _decode(line)
-                    if _request_id(event) in request_ids:
-                        yield event
+        for chunk in chunks(segment):
+            for index in _picked(chunk, wanted, tails):
+                event = _decode(chunk.line(index))
+                if _request_id(event) in request_ids:
+                    yield event
+
+
+_QUOTE = ord('"')
+_TAIL = 8
+
+
+def _tail_words(needles: set[bytes]) -> npt.NDArray[np.uint64]:
+    """The last (up to) eight bytes of each needle, as the words `_tails` reads."""
+    tails = [needle[-_TAIL:].rjust(_TAIL, b"\0") for needle in needles]
+    return np.sort(np.frombuffer(b"".join(tails), "<u8"))
+
+
+def _tails(array: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+    """The eight bytes before each end (at least eight bytes in) as a word."""
+    windows = np.lib.stride_tricks.sliding_window_view(array, _TAIL)
+    words: npt.NDArray[np.uint64] = windows[ends - _TAIL].view("<u8")[:, 0]
+    return words
+
+
+def _picked(
+    chunk: Chunk, wanted: dict[int, set[bytes]], tails: dict[int, npt.NDArray[np.uint64]]
+) -> list[int]:
+    """The lines of `chunk` whose request id is one of `wanted` (by length), and the lines
+    not written the way `encode_event` writes, in order."""
+    kinds = chunk.kinds()
+    array = chunk.array
+    picked: list[int] = []
+    for kind, prefix in zip((PLAN, OBSERVATION), REQUEST_PREFIXES, strict=True):
+        lines = np.flatnonzero(kinds == kind)
+        id_starts = chunk.starts[lines] + len(prefix)
+        for length, needles in wanted.items():
+            fits = id_starts + length < chunk.ends[lines]  # with room for the closing quote
+            candidates, id_ends = lines[fits], id_starts[fits] + length
+            closed = array[id_ends] == _QUOTE
+            candidates, id_ends = candidates[closed], id_ends[closed]
+            tail = _tails(array, id_ends)
+            if length < _TAIL:  # only the id's bytes count: the word's high bytes
+                tail &= np.uint64(((1 << 64) - 1) ^ ((1 << (8 * (_TAIL - length))) - 1))
+            found = candidates[np.isin(tail, tails[length])].tolist()
+            for index in found:
+                start = int(chunk.starts[index]) + len(prefix)
+                if bytes(chunk.data[start : start + length]) in needles:
+                    picked.append(index)
+    for index in np.flatnonzero(kinds == OTHER).tolist():
+        line = chunk.line(index)
+        if not line.startswith(_RECORD_START) and line.strip():
+            picked.append(index)
+    return sorted(set(picked))
 
 
 def _request_id(event: Event) -> str | None:
@@ -186,21 +260,36 @@ def request_frame(run_dir: Path, scan: JournalScan | None = None) -> pd.DataFram
     plans = _Filled(_PLAN_KINDS, scan.num_plans)
     observations = _Filled(_OBSERVATION_KINDS, scan.num_observations)
     options = pa_json.ParseOptions(explicit_schema=_LINE_SCHEMA, unexpected_field_behavior="ignore")
-    # One thread and small blocks: parsing is not the slow part, and every block in
-    # flight costs its buffers.
+    # One thread and small blocks: every block in flight costs its buffers. The small
+    # record batches they give (only the schema's fields) are merged before the columns
+    # are cut from them, so each compute call works on many rows.
     size = max(BLOCK_BYTES, 2 * scan.longest_line)
     block = pa_json.ReadOptions(block_size=size, use_threads=False)
-    for segment, num_bytes in scan.segments:
+    pending: list[pa.RecordBatch] = []
+
+    def add_pending() -> None:
+        batch = pa.concat_batches(pending)
+        pending.clear()
+        plans.add(_plans(batch, codes))
+        observations.add(_observations(batch, codes))
+        del batch
+        pa.default_memory_pool().release_unused()  # the pool keeps parsed pages otherwise
+
+    for (segment, num_bytes), others in zip(scan.segments, scan.others, strict=True):
         try:
-            lines = pa.PythonFile(_RequestLines(segment, num_bytes), mode="r")
+            lines = pa.PythonFile(_RequestLines(segment, num_bytes, others), mode="r")
             for batch in pa_json.open_json(lines, read_options=block, parse_options=options):
-                plans.add(_plans(batch, codes))
-                observations.add(_observations(batch, codes))
+                pending.append(batch)
+                if sum(part.num_rows for part in pending) >= MERGE_ROWS:
+                    add_pending()
                 del batch
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise SlowPathNeeded(f"{segment.name}: {exc}") from exc
+    if pending:
+        add_pending()
     if plans.filled != scan.num_plans or observations.filled != scan.num_observations:
         raise SlowPathNeeded("the request lines parsed are not those counted")
+    release_free_memory()  # the parse buffers' pages, before the join needs room
     return _join(plans, observations, codes)
 
 
@@ -233,11 +322,13 @@ _OBSERVATION_KINDS: dict[str, _Kind] = {
     "t_wall": "floats",
 }
 _DTYPES: dict[_Kind, type[np.generic]] = {
-    "codes": np.int32,
+    "codes": np.int8,
     "ints": np.int64,
     "floats": np.float64,
     "bools": np.bool_,
 }
+MERGE_ROWS = 1 << 15
+"""Parsed rows merged into one record batch before its columns are cut."""
 ID_MERGE_BLOCKS = 64
 """Blocks of request ids merged into one array (compact buffers instead of many small)."""
 
@@ -263,15 +354,19 @@ class _Filled:
 
     def add(self, block: dict[str, Any]) -> None:
         ids = block.pop("request_id")
+        if ids.null_count:
+            raise SlowPathNeeded("a request line without a request id")
         start, end = self.filled, self.filled + len(ids)
         if end > self.length:
             raise SlowPathNeeded("more request lines parsed than counted")
         for name, part in block.items():
             if isinstance(part, tuple):
                 self.arrays[name][start:end], self.masks[name][start:end] = part
-            else:
-                self.arrays[name][start:end] = part
-        self.hashes[start:end] = pd.util.hash_array(ids.to_numpy(zero_copy_only=False))
+                continue
+            if self.kinds[name] == "codes" and len(part):
+                self._widen(name, int(part.max()))
+            self.arrays[name][start:end] = part
+        self.hashes[start:end] = _id_hashes(ids)
         self.filled = end
         self.ids.append(ids)
         self.num_unmerged += 1
@@ -281,42 +376,73 @@ class _Filled:
             self.ids.append(merged)
             self.num_unmerged = 0
 
+    def _widen(self, name: str, code: int) -> None:
+        """Codes start as int8 (most string columns have a few values) and widen once a
+        column has more categories than its type holds."""
+        array = self.arrays[name]
+        if code > np.iinfo(array.dtype).max:
+            wider = np.int16 if code <= np.iinfo(np.int16).max else np.int32
+            self.arrays[name] = array.astype(wider)
+
     def take_ids(self) -> pa.ChunkedArray:
         ids = pa.chunked_array(self.ids, _S)
         self.ids = []
         return ids
 
 
+def _id_hashes(ids: pa.Array) -> npt.NDArray[np.uint64]:
+    """`hash_slices` of each id's UTF-8 bytes, read from the Arrow buffers as they are."""
+    _, offsets_buffer, data_buffer = ids.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32, len(ids) + 1, 4 * ids.offset)
+    starts = offsets[:-1].astype(np.int64)
+    data = (
+        np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
+    )
+    return hash_slices(data, starts, np.diff(offsets).astype(np.int64))
+
+
 class _RequestLines(io.RawIOBase):
     """A segment's plan and observation lines only, as a stream of bytes: the other records
     are decoded as events (`rare_events`) and may reuse a field name with another type (a
     run start's `canaries` is a table, a plan's a list), which Arrow's one schema cannot
-    read."""
+    read. The first `num_bytes` of the file are read in large spans, the byte ranges
+    `others` (as `rare_events` found them) skipped."""
 
-    def __init__(self, path: Path, num_bytes: int) -> None:
-        self._lines = path.open("rb")
-        self._left = num_bytes
-        self._pending = bytearray()
+    def __init__(self, path: Path, num_bytes: int, others: tuple[tuple[int, int], ...]) -> None:
+        self._file = path.open("rb")
+        self._spans: list[tuple[int, int]] = []
+        position = 0
+        for start, end in (*others, (num_bytes, num_bytes)):
+            if start > position:
+                self._spans.append((position, start))
+            position = max(position, end)
+        self._spans.reverse()  # popped from the end
+        self._position = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        while len(self._pending) < len(view) and self._left > 0:
-            line = self._lines.readline(self._left)
-            if not line:
+        filled = 0
+        while filled < len(view) and self._spans:
+            start, end = self._spans[-1]
+            if self._position != start:
+                self._file.seek(start)
+            num = self._file.readinto(view[filled : filled + min(end - start, len(view) - filled)])
+            if not num:  # the file is shorter than the first pass read: the counts tell
+                self._spans.clear()
                 break
-            self._left -= len(line)
-            if line.startswith(_REQUEST_PREFIXES):
-                self._pending += line
-        num = min(len(view), len(self._pending))
-        view[:num] = self._pending[:num]
-        del self._pending[:num]
-        return num
+            filled += num
+            self._position = start + num
+            if start + num == end:
+                self._spans.pop()
+            else:
+                self._spans[-1] = (start + num, end)
+        return filled
 
     def close(self) -> None:
-        self._lines.close()
+        self._file.close()
         super().close()
 
 
@@ -433,7 +559,9 @@ def _pandas(array: pa.Array) -> pd.Series[Any]:
     return series
 
 
-def _categorical(codes: npt.NDArray[np.int32], categories: list[str]) -> pd.Series[Any]:
+def _categorical(
+    codes: npt.NDArray[np.signedinteger[Any]], categories: list[str]
+) -> pd.Series[Any]:
     """Codes as a pandas categorical of the categories present, in order of first
     appearance (as Arrow's `dictionary_encode` of the whole column gives them)."""
     present, first = np.unique(codes[codes >= 0], return_index=True)
@@ -463,12 +591,7 @@ def _join(plans: _Filled, observations: _Filled, codes: _Codes) -> pd.DataFrame:
     del order, position, found
     plan_ids = plans.take_ids().combine_chunks()
     observed_ids = observations.take_ids()
-    plan_rows = pa.array(plan_of, mask=plan_of < 0)
-    same = pc.equal(observed_ids, plan_ids.take(plan_rows))
-    del plan_rows
-    if pc.all(same).as_py() not in (True, None):
-        raise SlowPathNeeded("two request ids with one hash")
-    del same
+    _check_matches(plan_ids, observed_ids, plan_of)
     matched = plan_of[plan_of >= 0]
     answered = np.zeros(len(plan_ids), bool)
     answered[matched] = True
@@ -481,8 +604,9 @@ def _join(plans: _Filled, observations: _Filled, codes: _Codes) -> pd.DataFrame:
     rows = np.concatenate([plan_of, unanswered])  # -1 (a lost plan) reads a null sentinel
     del plan_of
     columns: dict[str, pd.Series[Any]] = {}
-    ids = pa.chunked_array([*observed_ids.chunks, plan_ids.take(pa.array(unanswered))], _S)
-    del observed_ids, plan_ids, unanswered
+    unanswered_ids = plan_ids.take(pa.array(unanswered, pa.int64()))
+    ids = pa.chunked_array([*observed_ids.chunks, unanswered_ids], _S)
+    del observed_ids, plan_ids, unanswered, unanswered_ids
     # wrapped as they are (pandas' Arrow-backed `str`); a conversion would copy them
     columns["request_id"] = ids.to_pandas(types_mapper={_S: _STR_DTYPE}.get)
     del ids
@@ -490,7 +614,7 @@ def _join(plans: _Filled, observations: _Filled, codes: _Codes) -> pd.DataFrame:
     for name in [name for name in plans.kinds if name != "request_id"]:
         values = plans.arrays.pop(name)
         if plans.kinds[name] == "codes":
-            gathered = np.append(values, np.int32(-1))[rows]
+            gathered = np.append(values, values.dtype.type(-1))[rows]
             del values
             if name == "tenant":
                 lost = gathered[:num_observed] < 0
@@ -508,6 +632,21 @@ def _join(plans: _Filled, observations: _Filled, codes: _Codes) -> pd.DataFrame:
     for name in [name for name in observations.kinds if name in observations.arrays]:
         columns[name] = _observed(name, observations, num_unanswered, codes)
     return pd.DataFrame(columns, copy=False)
+
+
+CHECK_ROWS = 1 << 16
+"""Matched ids compared this many at a time (a gathered copy of every plan id would cost
+as much as the ids themselves)."""
+
+
+def _check_matches(plan_ids: pa.Array, observed_ids: pa.ChunkedArray, plan_of: Any) -> None:
+    """Every observation matched to a plan by hash has that plan's request id."""
+    for start in range(0, len(plan_of), CHECK_ROWS):
+        rows = plan_of[start : start + CHECK_ROWS]
+        planned = plan_ids.take(pa.array(rows, mask=rows < 0))
+        same = pc.equal(observed_ids.slice(start, len(rows)), planned)
+        if pc.all(same).as_py() not in (True, None):
+            raise SlowPathNeeded("two request ids with one hash")
 
 
 def _observed(

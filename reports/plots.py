@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 
 from harness.record.finding import FindingKind
 from harness.record.ttft_model import TtftModel
-from reports.frames import RunFrames, size_table
+from reports.frames import RunFrames, cross_counts, size_table
 
 MAX_PLOTTED_POINTS = 20_000
 
@@ -205,7 +205,7 @@ def outcome_plot(frames: RunFrames) -> Plot:
     requests = frames.requests
     sizes = size_table(frames)
     labels_in_order = [str(label) for label in sizes.index]
-    counts = pd.crosstab(requests["size_label"], requests["outcome"])
+    counts = cross_counts(requests["size_label"], requests["outcome"])
     counts = counts.set_axis(counts.index.astype(str)).set_axis(counts.columns.astype(str), axis=1)
     counts = counts.rename(columns={"disconnected": "disconnected (planned)"})
     counts = counts.reindex(index=labels_in_order, columns=list(OUTCOME_COLOURS), fill_value=0)

@@ -40,8 +40,14 @@ must stay at or below `ECHO_HIDE_BOUND` (1e-3 per marker). For a prompt with u d
 words that is reached by any order, any mixture ((u/B)^w <= 1e-3: prompts up to about 2,200
 tokens); for longer prompts the marker must split into at most `max_pieces` contiguous runs
 of the prompt's words, the largest count that keeps the union bound over splits below the
-budget (e.g. 5 for 4,096-token prompts, 3 for 1M-token ones). A marker with a word from no
-part of this prompt is always `unknown_canary`.
+budget (e.g. 5 for 4,096-token prompts, 3 for 1M-token ones). One word (not the tag) may
+come from no part of this prompt (a dropped token glues two pieces of prompt words into a
+new list word) under a budget of its own: any order while w (u/B)^(w-1) <= 1e-3 (prompts up
+to about 1,100 tokens), else a bounded number of pieces, the substituted word one of them
+(`harness.detectors.own_echo`). A marker with two or more words from outside this prompt,
+or made of words from no prompt of this run, is always `unknown_canary`. Only markers no
+key decodes and no live canary's fragment overlaps reach this rule: a canary of this run,
+or another live canary's fragment, is attributed first.
 
 **Redaction.** The response text around a foreign canary may be another customer's data.
 Excerpts are a window of `context_chars` on each side of the first marker, passed through

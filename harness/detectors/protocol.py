@@ -13,8 +13,14 @@ detectors already made on it:
   placeholder signature (the prompt was never prefilled), and also when nothing shows
   either way (no usage); **high** when `usage.prompt_tokens` counts the whole prompt and no
   other detector fired: the target did process the prompt, it just should have refused it.
-  A `fast_prefill` the timing detector only finds at the end of the run (deferred judgement)
-  is its own high finding; the `unsafe_accept` it came after stays high.
+  A request answered while the timing fit was still too small to judge it online (the
+  timing detector's deferred judgement) has its timing verdict only at the end of the run:
+  the runner holds such a high `unsafe_accept` until then and passes it through
+  `with_late_evidence` with the end-of-run findings, so a `fast_prefill` judged at the end
+  makes it critical like one judged online (journaled once, at the end of the run, after
+  that `fast_prefill`; a run that ends with an error journals it as it was). An answer the
+  online fit already judged not fast, that the final fit flags after all, keeps its high
+  `unsafe_accept` (the two findings stand side by side).
 - `error_in_success` (medium): a 2xx status carrying an error instead of an answer (vLLM's
   `{"object": "error", ...}`, an `{"error": ...}` object, an SSE `error` event; the client's
   `error_kind == "error_in_success"`). Clients and monitoring count it as a success; the
@@ -48,6 +54,7 @@ timing detector), and does not judge rejections of requests a safe target should
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -288,6 +295,38 @@ class ProtocolDetector:
                 "size_label": plan.size_label,
             },
         )
+
+
+def with_late_evidence(finding: Finding, evidence: Sequence[Finding]) -> Finding:
+    """`finding` (an `unsafe_accept`) weighed again with `evidence` found after it (the
+    timing detector's end-of-run findings): critical when one of them, on the same request,
+    shows the prefill was skipped; otherwise `finding` unchanged."""
+    if finding.kind != FindingKind.UNSAFE_ACCEPT or finding.severity == Severity.CRITICAL:
+        return finding
+    late = sorted(
+        {
+            str(f.kind)
+            for f in evidence
+            if f.request_id == finding.request_id and f.kind in PREFILL_SKIPPED_KINDS
+        }
+    )
+    if not late:
+        return finding
+    why = f"the same answer was flagged {', '.join(late)} at the end of the run"
+    earlier = finding.details.get("severity_evidence")
+    summary = finding.summary
+    if earlier and summary.endswith(f"({earlier})"):
+        summary = summary[: -len(f"({earlier})")] + f"({why})"
+    kinds = set(finding.details.get("evidence_kinds", ())) | set(late)
+    details = {
+        **finding.details,
+        "severity_evidence": why,
+        "evidence_kinds": sorted(kinds),
+        "severity_before_late_evidence": str(finding.severity),
+    }
+    return dataclasses.replace(
+        finding, severity=Severity.CRITICAL, summary=summary, details=details
+    )
 
 
 def _accepted(obs: Observation) -> bool:

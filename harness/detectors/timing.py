@@ -39,12 +39,15 @@ The model, fitted on the run's own traffic:
 `observe()` flags online once the fit holds `min_online_samples` (32) samples, so that a
 fit of the first few answers (often all slowed by the first concurrent batch) never judges;
 `finish()` re-evaluates every candidate not yet flagged against the final fit, which needs
-`min_samples` (8). Where no fit exists, or no answered prompt is long enough for the rule,
-`not_judged` says why (journaled with the model; reports and check 6 say "not judged").
-A request is flagged at most once, and an online flag is
-never withdrawn even if the final fit would not repeat it. In soaks, candidates kept for
-re-evaluation are capped at `max_retained`: past it, those at or above the current lower
-bound (which no plausible final fit would flag) are dropped, then the oldest.
+`min_samples` (8). `is_deferred(request_id)` says whether a request's judgement was put off
+to `finish()` because the fit was too small to judge it online (the runner holds that
+request's `unsafe_accept` until then, so a final `fast_prefill` makes it critical). Where
+no fit exists, or no answered prompt is long enough for the rule, `not_judged` says why
+(journaled with the model; reports and check 6 say "not judged"). A request is flagged at
+most once, and an online flag is never withdrawn even if the final fit would not repeat it.
+In soaks, candidates kept for re-evaluation are capped at `max_retained`: past it, those at
+or above the current lower bound (which no plausible final fit would flag) are dropped,
+then the oldest.
 
 It deliberately knows nothing about response text or status semantics (content and
 protocol detectors), and does not test cross-tenant prefix-cache sharing (a paired
@@ -56,6 +59,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from scipy.stats import siegelslopes, theilslopes
@@ -67,6 +71,15 @@ from harness.record.ttft_model import TtftModel
 from tenants.plan import RequestPlan
 
 DETECTOR = "timing"
+
+
+@runtime_checkable
+class DefersJudgement(Protocol):
+    """A timing checker that can say which answers it judges only at the end of the run."""
+
+    def is_deferred(self, request_id: str) -> bool: ...
+
+
 _Z25 = 0.6745
 """-z of the 25th percentile of a normal distribution."""
 _Z25_MINUS_Z05 = 1.6449 - 0.6745
@@ -134,6 +147,8 @@ class TimingDetector:
         self._model: TtftModel | None = None
         self._retained: list[_Candidate] = []
         self._flagged: set[str] = set()
+        self._deferred: set[str] = set()
+        """Requests observed while the fit was too small to judge online (until `finish()`)."""
 
     @property
     def model(self) -> TtftModel | None:
@@ -198,8 +213,15 @@ class TimingDetector:
         finding = self._evaluate(candidate, when="online")
         if finding is not None:
             return [finding]
+        if self._model is None or self._model.num_samples < self.min_online_samples:
+            self._deferred.add(plan.request_id)
         self._retain(candidate)
         return []
+
+    def is_deferred(self, request_id: str) -> bool:
+        """Whether `request_id`'s answer is judged only by `finish()` (the fit was too small
+        to judge it online) and has not been judged yet."""
+        return request_id in self._deferred
 
     def finish(self) -> list[Finding]:
         """Refit on everything and flag every not-yet-flagged candidate the final fit flags."""
@@ -211,6 +233,7 @@ class TimingDetector:
             if finding is not None:
                 findings.append(finding)
         self._retained = [c for c in self._retained if c.request_id not in self._flagged]
+        self._deferred.clear()
         return findings
 
     # -- fit ------------------------------------------------------------------------------
@@ -292,6 +315,8 @@ class TimingDetector:
             ]
         if len(self._retained) > self.max_retained:
             self._retained = self._retained[-(self.max_retained // 2) :]
+        if self._deferred:  # a candidate no longer kept is not judged at the end either
+            self._deferred &= {c.request_id for c in self._retained}
 
 
 def _finding(c: _Candidate, model: TtftModel, when: str) -> Finding:

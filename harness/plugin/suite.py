@@ -65,12 +65,12 @@ def report(check: Check, outcome: CheckOutcome) -> None:
 
 
 def test_1_over_pool_prompts_are_rejected(kvcanary_check: Callable[[str], None]) -> None:
-    """Prompts at or above the KV pool get an error status, never an answer."""
+    """Prompts longer than the KV pool get an error status, never an answer."""
     kvcanary_check("over_pool_rejected")
 
 
 def test_2_over_context_prompts_are_rejected(kvcanary_check: Callable[[str], None]) -> None:
-    """Prompts at or above the advertised context get an error status."""
+    """Prompts longer than the advertised context get an error status."""
     kvcanary_check("over_context_rejected")
 
 

@@ -37,6 +37,10 @@ from harness.run.options import format_duration
 
 DEFAULT_INTERVAL_S = 10.0
 MAX_FINDINGS_SHOWN = 5
+OUTSIDE_BUDGET_PHASES = ("cache_probe",)
+"""Phases whose requests are not the workload's: the opt-in cache probe
+(`harness.cache_probe.design.PHASE`) sends its own trials after the workload, so they are
+counted apart from `num_requests` ("4/4 requests | 95 cache-probe requests"), not against it."""
 
 
 class ProgressDisplay:
@@ -62,6 +66,9 @@ class ProgressDisplay:
         self.phase = "-"
         self.num_sent = 0
         self.num_done = 0
+        self.num_probe_done = 0
+        """Requests of `OUTSIDE_BUDGET_PHASES` answered (included in neither count above)."""
+        self._probe_in_flight: set[str] = set()
         self.num_rejected = 0
         self.num_aborted = 0
         self.errors: Counter[str] = Counter()
@@ -94,8 +101,15 @@ class ProgressDisplay:
         """Take one journal event into account (called from the run's event loop)."""
         if isinstance(event, PlanRecorded):
             self.num_sent += 1
+            if event.plan.phase in OUTSIDE_BUDGET_PHASES:
+                self._probe_in_flight.add(event.plan.request_id)
         elif isinstance(event, ObservationRecorded):
-            self.num_done += 1
+            request_id = event.observation.request_id
+            if request_id in self._probe_in_flight:
+                self._probe_in_flight.discard(request_id)
+                self.num_probe_done += 1
+            else:
+                self.num_done += 1
             kind = event.observation.error_kind
             if kind == "http_status":
                 self.num_rejected += 1
@@ -150,7 +164,9 @@ class ProgressDisplay:
             parts.append(f"{self.num_done} requests")
             if self.duration_s is not None:
                 parts.append(f"{self._elapsed()} of {format_duration(self.duration_s)}")
-        parts.append(f"{self.num_sent - self.num_done} in flight")
+        if self.num_probe_done:
+            parts.append(f"{self.num_probe_done} cache-probe requests")
+        parts.append(f"{self.num_sent - self.num_done - self.num_probe_done} in flight")
         parts.append(f"{self.num_rejected} rejected")
         if self.num_aborted:
             parts.append(f"{self.num_aborted} aborted")

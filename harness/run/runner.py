@@ -17,7 +17,9 @@ plan is journaled (before anything is sent, so a killed run loses at most what w
 flight); each streamed chunk goes to the content detector, whose findings are journaled as
 they appear; the observation is journaled with its text redacted to the canary spans and the
 target's words in its error to a marker (unless raw evidence was asked for); then the
-protocol and timing detectors' findings; then `target_unhealthy` / `target_serving` when the
+protocol and timing detectors' findings (but a high `unsafe_accept` whose answer the timing
+detector judges only at the end of the run, which is journaled after that final pass, made
+critical by a `fast_prefill` it finds); then `target_unhealthy` / `target_serving` when the
 target stopped / resumed serving (`harness.run.health`; `RunOutcome.target_unhealthy` keeps
 the declaration).
 
@@ -45,6 +47,8 @@ from dataclasses import dataclass, field
 
 from canaries import Owner, redact
 from canaries.redact import redact_quote
+from harness.detectors.protocol import with_late_evidence
+from harness.detectors.timing import DefersJudgement
 from harness.record.events import (
     Event,
     FindingRecorded,
@@ -55,7 +59,7 @@ from harness.record.events import (
     TargetUnhealthy,
     TimingFitted,
 )
-from harness.record.finding import Finding
+from harness.record.finding import Finding, FindingKind, Severity
 from harness.record.observation import Observation
 from harness.record.ttft_model import TtftModel
 from harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
@@ -149,6 +153,8 @@ class Runner:
         """Canary texts per plan in the index, oldest first."""
         self._grace: asyncio.TimerHandle | None = None
         self._phase: Phase | None = None
+        self._held: list[Finding] = []
+        """High `unsafe_accept`s held for the end-of-run timing judgement (`_judged_at_the_end`)."""
         self._num_taken = 0
         self._plan_lock = asyncio.Lock()
         self._t0_ns = 0
@@ -214,10 +220,15 @@ class Runner:
                     await poller
             if self._grace is not None:
                 self._grace.cancel()
+            late: list[Finding] = []
             if reason != "error":
-                for finding in self._detectors.timing.finish():
+                late = self._detectors.timing.finish()
+                for finding in late:
                     self._emit_finding(finding)
                 self._record_timing_model(final=True)
+            for finding in self._held:  # unsafe_accepts whose timing was judged only now
+                self._emit_finding(with_late_evidence(finding, late))
+            self._held.clear()
             self.outcome.reason = reason
             self._emit(
                 RunFinished(
@@ -381,10 +392,26 @@ class Runner:
         if echo is not None:
             self._emit(echo)
         for finding in findings:
-            self._emit_finding(finding)
+            if self._judged_at_the_end(finding):
+                self._held.append(finding)
+            else:
+                self._emit_finding(finding)
         for event in self._health.observe(shown, time.time()):
             self._emit(event)
         self._record_timing_model()
+
+    def _judged_at_the_end(self, finding: Finding) -> bool:
+        """A high `unsafe_accept` whose answer the timing detector judges only at the end
+        (its fit was too small online): held until then, so a `fast_prefill` found at the
+        end makes it critical (`harness.detectors.protocol.with_late_evidence`)."""
+        timing = self._detectors.timing
+        return (
+            finding.kind == FindingKind.UNSAFE_ACCEPT
+            and finding.severity == Severity.HIGH
+            and finding.request_id is not None
+            and isinstance(timing, DefersJudgement)
+            and timing.is_deferred(finding.request_id)
+        )
 
     def _record_timing_model(self, *, final: bool = False) -> None:
         """Journal the timing detector's model whenever it changes (it refits at a growing

@@ -9,10 +9,13 @@ the caller's mistakes (`ConfigError`: a tenant's credential variable is unset) a
 
 The transport is the caller's: an `httpx.AsyncClient` is injected (tests pass
 `httpx.MockTransport` or `httpx.ASGITransport`; `make_http_client` builds the production one
-with explicit `httpx.Limits` and `httpx.Timeout`). The one retry, for a keep-alive race
-(a reused connection closed before any byte of the answer), goes through a fresh one-request
-client of its own and is recorded in `Observation.retry`. SSE is decoded by `httpx-sse`; this module
-does not know what a canary is, nor what the response text means.
+with explicit `httpx.Limits` and `httpx.Timeout`). Requests to the production client go
+straight to the transport it names (`HttpClient.direct`), others through `AsyncClient.send`.
+The one retry, for a keep-alive race (a reused connection closed before any byte of the
+answer), goes through a fresh one-request client of its own and is recorded in
+`Observation.retry`. SSE is decoded by `sse_stream.EventDecoder`, a chunk at a time,
+straight off the metered body; this module does not know what a canary is, nor what the
+response text means.
 
 Timestamps (one process, `time.perf_counter_ns`):
 
@@ -45,7 +48,7 @@ Every failure is mapped to an `ErrorKind` in exactly one place, `_error_of`:
             ├── NetworkError, RemoteProtocolError ..... truncated after the response head,
             │                                           connect / protocol before it
             └── anything else (DecodingError,
-                LocalProtocolError, SSEError, ...) .... protocol
+                LocalProtocolError, ...) ............... protocol
     no exception, but:
         a non-2xx status .............................. http_status (error body kept, bounded)
         the harness dropped the stream on purpose ..... disconnected (`disconnect_after_chunks`)
@@ -63,17 +66,23 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
-from httpx_sse import EventSource
 
 from canaries.errors import ConfigError
 from harness.record.observation import ErrorKind, Observation, TextSink
 from harness.target.bounded import ErrorInSuccess, take_over_decoding
+from harness.target.http_client import HttpClient, ssl_context
 from harness.target.http_client import default_limits as default_limits
 from harness.target.http_client import default_timeout as default_timeout
 from harness.target.http_client import make_http_client as make_http_client
-from harness.target.json_body import JsonBody
+from harness.target.json_body import json_content
 from harness.target.keepalive import AttemptTrace
-from harness.target.sse_stream import MeteredStream, ResponseTooLarge, StreamViolation, Transcript
+from harness.target.sse_stream import (
+    EventDecoder,
+    MeteredStream,
+    ResponseTooLarge,
+    StreamViolation,
+    Transcript,
+)
 from tenants.plan import ApiStyle, RequestPlan
 from tenants.tenant import Tenant
 
@@ -130,6 +139,7 @@ class TargetClient:
             raise ConfigError(f"the request deadline must be positive, got {deadline_s}")
         self._client = client
         self._base = url.rstrip("/") if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
+        self._urls = {api: httpx.URL(self.url_for(api)) for api in _ENDPOINTS}
         self.model = model
         self._max_response_bytes = max_response_bytes
         self.stream = stream
@@ -140,7 +150,13 @@ class TargetClient:
         return f"{self._base}/{_ENDPOINTS[api]}"
 
     def build_request(self, plan: RequestPlan, tenant: Tenant) -> httpx.Request:
-        """The HTTP request for `plan`, with `tenant`'s credentials resolved now."""
+        """The HTTP request for `plan`, with `tenant`'s credentials resolved now.
+
+        Built directly, not through `AsyncClient.build_request`: the client's default headers
+        are kept (under the request's own), its base URL, parameters and cookie jar are not
+        used. No cookie is ever sent: one a target set in a tenant's response must not ride
+        on the next tenant's request (and merging the jar costs more than the rest of the
+        request)."""
         assert plan.tenant == tenant.name, (plan.tenant, tenant.name)
         body: dict[str, Any] = {
             "model": self.model,
@@ -156,17 +172,25 @@ class TargetClient:
             body["stream_options"] = {"include_usage": True}
         if tenant.cache_salt is not None:
             body["cache_salt"] = tenant.cache_salt
+        # a long prompt is streamed out of the body, not copied into it (1M tokens: 6 MB)
+        content = json_content(
+            body, ("messages", 0, "content") if plan.api == "chat" else ("prompt",)
+        )
+        headers = dict(self._client.headers.items())  # lower-case names
         # identity; a target that compresses anyway is inflated by the meter, within the bound
-        headers = {"Accept-Encoding": "identity", **tenant.auth_headers()}
+        headers["accept-encoding"] = "identity"
+        headers.update((name.lower(), value) for name, value in tenant.auth_headers().items())
         if self.stream:
-            headers["Accept"] = "text/event-stream"
-        timeout = self._timeout if self._timeout is not None else httpx.USE_CLIENT_DEFAULT
-        # the prompt is streamed out of the body, not copied into it (a 1M-token prompt: 6 MB)
-        content = JsonBody(body, ("messages", 0, "content") if plan.api == "chat" else ("prompt",))
-        headers["Content-Type"] = "application/json"
-        headers["Content-Length"] = str(content.num_bytes)
-        return self._client.build_request(
-            "POST", self.url_for(plan.api), content=content, headers=headers, timeout=timeout
+            headers["accept"] = "text/event-stream"
+        headers["content-type"] = "application/json"
+        headers["content-length"] = str(len(content))
+        timeout = self._timeout if self._timeout is not None else self._client.timeout
+        return httpx.Request(
+            "POST",
+            self._urls[plan.api],
+            headers=headers,
+            content=content,
+            extensions={"timeout": timeout.as_dict()},
         )
 
     async def send(
@@ -251,6 +275,7 @@ class TargetClient:
             limits=httpx.Limits(max_keepalive_connections=0),
             follow_redirects=False,
             trust_env=self._client.trust_env,
+            verify=ssl_context(),
         )
 
     async def _exchange(
@@ -261,7 +286,12 @@ class TargetClient:
         exchange: _Exchange,
         transcript: Transcript,
     ) -> None:
-        response = await client.send(request, stream=True)
+        if isinstance(client, HttpClient) and client.direct is not None:
+            # the transport `send` would pick anyway, without its per-request layers
+            response = await client.direct.handle_async_request(request)
+            response.request = request
+        else:
+            response = await client.send(request, stream=True)
         try:
             exchange.t_head_ns = time.perf_counter_ns()
             exchange.status = response.status_code
@@ -282,7 +312,7 @@ class TargetClient:
                 exchange.disconnected = True  # drop it before the body: mid-prefill abort
                 return
             if content_type == "text/event-stream":
-                await _read_events(response, meter, plan, exchange, transcript)
+                await _read_events(meter, plan, exchange, transcript)
             elif content_type == "application/json" or content_type.endswith("+json"):
                 # a non-streaming answer (asked for, or a target ignoring `stream: true`)
                 body = await response.aread()
@@ -294,20 +324,27 @@ class TargetClient:
 
 
 async def _read_events(
-    response: httpx.Response,
     meter: MeteredStream,
     plan: RequestPlan,
     exchange: _Exchange,
     transcript: Transcript,
 ) -> None:
+    """Every event of the body, each stamped with the read that completed it; the meter is
+    read directly (one async layer per network read, none per line or event)."""
     limit = plan.disconnect_after_chunks
-    async with contextlib.aclosing(EventSource(response).aiter_sse()) as events:
-        async for event in events:
-            assert meter.t_last_read_ns is not None  # an event needs at least one read
-            transcript.take_event(event.event, event.data, meter.t_last_read_ns)
-            if limit is not None and transcript.num_chunks >= limit and not transcript.complete:
-                exchange.disconnected = True
-                return
+    decoder = EventDecoder()
+    chunks_of = cast(AsyncGenerator[bytes, None], aiter(meter))  # it is one
+    async with contextlib.aclosing(chunks_of) as chunks:
+        async for chunk in chunks:
+            t_read_ns = meter.t_last_read_ns
+            assert t_read_ns is not None  # stamped before the chunk was yielded
+            for event, data in decoder.feed(chunk):
+                transcript.take_event(event, data, t_read_ns)
+                if limit is not None and transcript.num_chunks >= limit and not transcript.complete:
+                    exchange.disconnected = True
+                    return
+    for event, data in decoder.flush():
+        transcript.take_event(event, data, meter.t_last_read_ns or time.perf_counter_ns())
     # past [DONE] the loop kept reading to the end of the body, so the connection is reused
 
 

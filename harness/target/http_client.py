@@ -7,6 +7,14 @@ timeouts sized for long prompts and many concurrent streams, on one of two I/O b
                        release, so at hundreds of streams the client measures its own queueing
                        instead of the target's TTFT (benchmarks/RESULTS-client.md)
 
+The client is an `HttpClient`, an `httpx.AsyncClient` that names its one transport, so
+`TargetClient` hands its requests to that transport directly: `AsyncClient.send`'s own
+layers (auth and redirect flows, cookie jar, response wrapping) measured a third of
+aiohttp's whole exchange again in CPU per request, and a target client needs none of them
+(benchmarks/RESULTS-client.md). Where the environment names a proxy (`HTTP_PROXY`, ...),
+httpx's own routing is kept: the client names no transport and every request goes through
+`send`.
+
 Both raise the same `httpx` exceptions, and both feed the keep-alive retry
 (`harness.target.keepalive`): httpcore through its `trace` extension, aiohttp through a
 `TraceConfig`. aiohttp's "Server disconnected" before a response head is mapped here, in one
@@ -16,6 +24,9 @@ a connect timeout).
 
 from __future__ import annotations
 
+import functools
+import ssl
+import urllib.request
 from typing import Final, Literal
 
 import aiohttp
@@ -69,20 +80,40 @@ def make_http_client(
     """The production `httpx.AsyncClient` for `TargetClient` (the caller closes it)."""
     assert backend in BACKENDS, backend
     limits = default_limits(max_concurrency)
-    transport = _AiohttpTransport(limits) if backend == "aiohttp" else None
-    return httpx.AsyncClient(
-        limits=limits,
-        timeout=timeout or default_timeout(),
-        follow_redirects=False,
-        transport=transport,
-    )
+    transport: httpx.AsyncBaseTransport
+    if backend == "aiohttp":
+        transport = _AiohttpTransport(limits)
+    else:
+        transport = httpx.AsyncHTTPTransport(limits=limits, verify=ssl_context())
+    return HttpClient(transport, timeout=timeout or default_timeout())
+
+
+class HttpClient(httpx.AsyncClient):
+    """An `httpx.AsyncClient` on one transport, which it names (`direct`) when nothing in
+    the environment routes requests elsewhere (a proxy)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, *, timeout: httpx.Timeout) -> None:
+        super().__init__(transport=transport, timeout=timeout, follow_redirects=False)
+        self.direct: httpx.AsyncBaseTransport | None = None if _env_proxies() else transport
+        """The transport every request goes to, if `send` would pick it for every URL."""
+
+
+@functools.cache
+def ssl_context() -> ssl.SSLContext:
+    """httpx's default TLS context, built once: loading the CA bundle costs ~10 ms of CPU,
+    which a fresh client per keep-alive retry would pay each time."""
+    return httpx.create_ssl_context()
+
+
+def _env_proxies() -> bool:
+    return any(scheme in ("http", "https", "all") for scheme in urllib.request.getproxies())
 
 
 class _AiohttpTransport(AiohttpTransport):
     """httpx-aiohttp's transport with the keep-alive trace and the disconnect mapping."""
 
     def __init__(self, limits: httpx.Limits) -> None:
-        super().__init__(limits=limits, client=self._session)
+        super().__init__(limits=limits, client=self._session, verify=ssl_context())
         self._max_connections = limits.max_connections or 0
         self._keepalive_s = limits.keepalive_expiry
 

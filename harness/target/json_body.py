@@ -9,7 +9,9 @@ second full copy of it as bytes. Its length is known up front, so the request ha
 with nothing to escape, that is a scan; otherwise one chunked escaping pass more.
 
 The body can be iterated again (a retry sends it anew). It is an async iterable only: httpx
-takes it as `content=` for an `AsyncClient`. This module knows nothing about plans or HTTP.
+takes it as `content=` for an `AsyncClient`. `json_content` picks between it and plain bytes:
+a prompt up to `CHUNK_CHARS` characters is encoded whole (one write, no async iteration), a
+longer one streamed. This module knows nothing about plans or HTTP.
 """
 
 from __future__ import annotations
@@ -61,6 +63,18 @@ class JsonBody:
         for start in range(0, len(text), CHUNK_CHARS):
             # escaping is per character, so slices escape to the slices of the escape
             yield _dumps(text[start : start + CHUNK_CHARS])[1:-1].encode()
+
+
+def json_content(obj: Any, big: tuple[str | int, ...]) -> bytes | JsonBody:
+    """`obj` as request content: whole bytes if the string at `big` is short (a copy of a
+    few KiB costs less than sending it in pieces), else a `JsonBody` that streams it."""
+    holder = obj
+    for key in big:
+        holder = holder[key]
+    assert isinstance(holder, str), type(holder)
+    if len(holder) <= CHUNK_CHARS:
+        return _dumps(obj).encode()
+    return JsonBody(obj, big)
 
 
 def _dumps(obj: Any) -> str:

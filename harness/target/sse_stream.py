@@ -1,12 +1,16 @@
-"""Reading one OpenAI-style completion response: byte metering and chunk interpretation.
+"""Reading one OpenAI-style completion response: byte metering, SSE decoding and chunk
+interpretation.
 
 `MeteredStream` (`harness.target.bounded`) sits between httpx and the SSE decoder
-(`httpx-sse`): it stamps when each network read arrived, undoes the content-encoding and
+(`EventDecoder`): it stamps when each network read arrived, undoes the content-encoding and
 stops a response whose decoded bytes grow past its byte bound, so a huge, never-ending or
-inflating body costs bounded memory. `Transcript` turns decoded events (or one
-non-streaming JSON body) into text, usage, finish reason and the first-token time; JSON is
-parsed with depth limits and lone surrogates replaced (`harness.target.bounded.loads`), and a
-usage count that is negative or above `MAX_TOKEN_COUNT` is a violation.
+inflating body costs bounded memory. `EventDecoder` turns each decoded chunk into the events
+it completes, in one call per chunk (no generator per line or per event: at hundreds of
+streams the per-event Python cost is what the client's first-token stamps queue behind).
+`Transcript` turns decoded events (or one non-streaming JSON body) into text, usage, finish
+reason and the first-token time; JSON is parsed with depth limits and lone surrogates
+replaced (`harness.target.bounded.loads`), and a usage count that is negative or above
+`MAX_TOKEN_COUNT` is a violation.
 
 **Every text field is read**, each delivered to `on_text(delta, field)` under its own name, so
 a finding can say where a canary was: the answer fields (`LIVE_FIELDS`, and completions'
@@ -27,12 +31,14 @@ misbehaviour; the mapping of every error to an `ErrorKind` lives in one place,
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.record.observation import TextSink, Usage
 from harness.target.bounded import (
+    MAX_JSON_DEPTH,
     ErrorInSuccess,
     MeteredStream,
     ResponseTooLarge,
@@ -54,6 +60,78 @@ FIELD_SEPARATOR = "\n"
 """Starts the text delivered for a field other than the previous one (a word boundary)."""
 
 
+class EventDecoder:
+    """A `text/event-stream` body decoded chunk by chunk into `(event, data)` pairs.
+
+    As the SSE specification reads it (and `httpx-sse` decodes it): UTF-8 (invalid bytes
+    replaced), lines ending in CRLF, LF or CR (a CR at the end of a chunk waits for the next
+    one, which may start with its LF), `:` comments skipped, a space after the colon dropped,
+    `data` lines joined by LF, `id` and `retry` ignored, and an event dispatched at the blank
+    line that ends it if it had an `event` or a `data` line. An event the body ends inside is
+    incomplete and never dispatched. A line split over any number of chunks costs linear
+    time (its pieces are joined once, when it ends)."""
+
+    __slots__ = ("_data", "_event", "_held_cr", "_line", "_utf8")
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._line: list[str] = []
+        """Pieces of the line not yet ended."""
+        self._held_cr = False
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        """The events that `chunk` completes, in order."""
+        return self._text(self._utf8.decode(chunk))
+
+    def flush(self) -> list[tuple[str, str]]:
+        """The events the end of the body completes (a final CR ends a line)."""
+        text = self._utf8.decode(b"", True)
+        if self._held_cr:
+            self._held_cr = False
+            text = "\r" + text
+        return self._text(text + "\n" if text.endswith("\r") else text)
+
+    def _text(self, text: str) -> list[tuple[str, str]]:
+        if self._held_cr:
+            self._held_cr = False
+            text = "\r" + text
+        if "\r" in text:
+            if text.endswith("\r"):  # maybe the first half of a CRLF
+                self._held_cr = True
+                text = text[:-1]
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if "\n" not in text:
+            if text:
+                self._line.append(text)
+            return []
+        lines = text.split("\n")
+        if self._line:
+            self._line.append(lines[0])
+            lines[0] = "".join(self._line)
+            self._line = []
+        last = lines.pop()
+        if last:
+            self._line.append(last)
+        events: list[tuple[str, str]] = []
+        for line in lines:
+            if not line:
+                if self._data or self._event:
+                    events.append((self._event, "\n".join(self._data)))
+                    self._event, self._data = "", []
+                continue
+            name, _, value = line.partition(":")
+            if value[:1] == " ":
+                value = value[1:]
+            if name == "data":
+                self._data.append(value)
+            elif name == "event":
+                self._event = value
+            # a comment (empty name), `id`, `retry` and unknown fields: nothing to keep
+        return events
+
+
 @dataclass(slots=True)
 class Transcript:
     """What one completion response said, accumulated event by event."""
@@ -69,6 +147,8 @@ class Transcript:
     _last_field: str | None = None
     _held: dict[str, list[str]] = field(default_factory=dict)
     """Structured fields' text, by field name in order of first appearance, until `flush`."""
+    _num_held: int = 0
+    """Pieces ever added to `_held` (an event that adds one carried text)."""
 
     @property
     def text(self) -> str:
@@ -83,7 +163,7 @@ class Transcript:
         """One SSE event of a streamed response."""
         if self.saw_done:
             return  # nothing after [DONE] is part of the response
-        if data.strip() == DONE_SENTINEL:
+        if data[:1] != "{" and data.strip() == DONE_SENTINEL:  # (an object is never it)
             self.saw_done = True
             return
         if event == "error":
@@ -118,18 +198,19 @@ class Transcript:
         choices = obj.get("choices") or []
         if not isinstance(choices, list):
             raise StreamViolation("`choices` is not a list")
-        live: list[tuple[str, str]] = []
-        num_held = sum(map(len, self._held.values()))
+        live: list[tuple[str, str]] = []  # the non-empty answer texts, in order
+        num_held = self._num_held
         for position, choice in enumerate(choices):
-            live += self._take_choice(choice, text_holder, position)
-        if any(text for _, text in live) or sum(map(len, self._held.values())) > num_held:
+            self._take_choice(choice, text_holder, position, live)
+        if live or self._num_held > num_held:
             self.num_chunks += 1
             if self.t_first_token_ns is None:
                 self.t_first_token_ns = t_arrived_ns
         for name, text in live:
             self._deliver(text, name)
-        if "usage" in obj and obj["usage"] is not None:  # after the text, which is kept
-            self.usage = _parse_usage(obj["usage"])
+        usage = obj.get("usage")
+        if usage is not None:  # after the text, which is kept
+            self.usage = _parse_usage(usage)
 
     def _deliver(self, text: str, name: str) -> None:
         if not text:
@@ -145,9 +226,12 @@ class Transcript:
         text = _text_of(value, name)
         if text:
             self._held.setdefault(name, []).append(text)
+            self._num_held += 1
 
-    def _take_choice(self, choice: Any, text_holder: str, position: int) -> list[tuple[str, str]]:
-        """The choice's answer text by field; its structured fields go to `_held`."""
+    def _take_choice(
+        self, choice: Any, text_holder: str, position: int, live: list[tuple[str, str]]
+    ) -> None:
+        """The choice's answer text by field onto `live`; its structured fields to `_held`."""
         if not isinstance(choice, dict):
             raise StreamViolation("a choice is not a JSON object")
         reason = choice.get("finish_reason")
@@ -155,20 +239,29 @@ class Transcript:
             if not isinstance(reason, str):
                 raise StreamViolation("`finish_reason` is not a string")
             self.finish_reason = reason
-        index = choice.get("index", position)
-        # a second choice's structured text must not run on from the first's
-        prefix = f"choices[{index}]." if index not in (0, None) else ""
-        self._hold_logprobs(choice.get("logprobs"), prefix)
+        logprobs = choice.get("logprobs")
+        if logprobs is not None:
+            self._hold_logprobs(logprobs, _prefix(choice, position))
         holder = choice.get(text_holder)
         if holder is None:  # completions: the text sits on the choice itself
-            return [(COMPLETION_FIELD, _text_of(choice.get("text"), COMPLETION_FIELD))]
+            if text := _text_of(choice.get("text"), COMPLETION_FIELD):
+                live.append((COMPLETION_FIELD, text))
+            return
         if not isinstance(holder, dict):
             raise StreamViolation(f"`{text_holder}` is not a JSON object")
-        self._hold_tool_calls(holder.get("tool_calls"), prefix)
+        calls = holder.get("tool_calls")
+        if calls is not None:
+            self._hold_tool_calls(calls, _prefix(choice, position))
         call = holder.get("function_call")
         if call is not None:
-            self._hold_function(call, f"{prefix}function_call")
-        return [(name, _text_of(holder.get(name), name)) for name in LIVE_FIELDS]
+            self._hold_function(call, f"{_prefix(choice, position)}function_call")
+        for name in LIVE_FIELDS:
+            value = holder.get(name)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise StreamViolation(f"`{name}` is not a string")
+                if value:
+                    live.append((name, value))
 
     def _hold_tool_calls(self, calls: Any, prefix: str) -> None:
         if calls is None:
@@ -209,6 +302,13 @@ class Transcript:
             self._hold(f"{prefix}logprobs.tokens", text)
 
 
+def _prefix(choice: dict[str, Any], position: int) -> str:
+    """What a choice's structured field names start with: a second choice's structured text
+    must not run on from the first's."""
+    index = choice.get("index", position)
+    return f"choices[{index}]." if index not in (0, None) else ""
+
+
 def _text_of(value: Any, name: str) -> str:
     if value is None:
         return ""
@@ -218,6 +318,15 @@ def _text_of(value: Any, name: str) -> str:
 
 
 def _parse_json(data: str) -> Any:
+    """`bounded.loads(data)`, with its checks skipped where they cannot fire: a document with
+    at most `MAX_JSON_DEPTH` brackets cannot nest deeper, and one without `\\u` has no
+    surrogate escape (text decoded from UTF-8 holds no lone surrogate itself). Anything it
+    refuses goes to `loads` for the verdict."""
+    if "\\u" not in data and data.count("{") + data.count("[") <= MAX_JSON_DEPTH:
+        try:
+            return json.loads(data)
+        except ValueError:
+            pass
     return loads(data)
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from canaries import siphash
 from canaries.cipher import FeistelCipher, from_digits, to_digits
-from canaries.siphash import siphash24
+from canaries.siphash import siphash24, siphash24_numpy
 
 MASK = (1 << 64) - 1
 
@@ -57,15 +59,45 @@ def test_reference_matches_published_vectors() -> None:
     assert reference_siphash24(key, bytes(range(8))) == 0x93F5F5799A932462
 
 
+COMPILED = siphash._load_core()
+IMPLEMENTATIONS = [
+    pytest.param(
+        "compiled",
+        marks=pytest.mark.skipif(
+            COMPILED is None, reason="canaries._siphash was not built (no C compiler at install)"
+        ),
+    ),
+    "numpy",
+]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @settings(max_examples=25, deadline=None)
 @given(
     key=st.binary(min_size=16, max_size=16),
     messages=st.lists(st.integers(0, MASK), min_size=1, max_size=40),
 )
-def test_vectorised_siphash_matches_reference(key: bytes, messages: list[int]) -> None:
+def test_vectorised_siphash_matches_reference(
+    implementation: str, key: bytes, messages: list[int]
+) -> None:
     k0, k1 = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
-    got = siphash24(k0, k1, np.array(messages, dtype=np.uint64)).tolist()
+    hash_lanes = siphash24 if implementation == "compiled" else siphash24_numpy
+    assert (siphash.CORE is not None) == (COMPILED is not None)  # siphash24 uses the core
+    got = hash_lanes(k0, k1, np.array(messages, dtype=np.uint64)).tolist()
     assert got == [reference_siphash24(key, m.to_bytes(8, "little")) for m in messages]
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._siphash was not built")
+def test_the_compiled_siphash_takes_strided_lanes_and_refuses_other_buffers() -> None:
+    assert COMPILED is not None
+    lanes = np.arange(20, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    strided = lanes[::2]  # not contiguous: siphash24 copies it first
+    assert siphash24(1, 2, strided).tolist() == siphash24_numpy(1, 2, strided).tolist()
+    out = np.empty(10, np.uint64)
+    with pytest.raises(TypeError, match="uint64"):
+        COMPILED(1, 2, np.zeros(10, np.int32), out)
+    with pytest.raises(ValueError, match="length"):
+        COMPILED(1, 2, lanes, out)
 
 
 def test_feistel_is_a_permutation_and_decrypt_inverts_it() -> None:

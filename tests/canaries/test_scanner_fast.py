@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import WORDS, CanaryIndex, CanaryMinter, Hit, Owner
-from canaries.scanner_fast import MAX_MATCH, fold_bytes
+from canaries import WORDS, CanaryIndex, CanaryMinter, Hit, Owner, scanner_fast
+from canaries.scanner_fast import MAX_MATCH, fold_bytes, fragment_windows, tag_starts
 
 ALICE, BOB = Owner("alice", "a-1"), Owner("bob", "b-1")
+COMPILED = scanner_fast._load_core()
+CORES = [
+    pytest.param(
+        "compiled",
+        marks=pytest.mark.skipif(
+            COMPILED is None, reason="canaries._foldscan was not built (no C compiler at install)"
+        ),
+    ),
+    "python",
+]
+"""The fast path's two ways to fold and find the fragment windows: both are judged."""
+
+
+@contextmanager
+def using(core: str) -> Iterator[None]:
+    saved = scanner_fast.CORE
+    scanner_fast.CORE = COMPILED if core == "compiled" else None
+    try:
+        yield
+    finally:
+        scanner_fast.CORE = saved
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +94,11 @@ def scan(index: CanaryIndex, text: str, cuts: Sequence[int], block: int, ref: bo
     return hits + scanner.finish()
 
 
+@pytest.mark.parametrize("core", CORES)
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_fast_path_reports_exactly_the_oracles_hits(
+    core: str,
     data: st.DataObject,
     index: CanaryIndex,
     live: list[str],
@@ -84,7 +108,95 @@ def test_fast_path_reports_exactly_the_oracles_hits(
     text = "".join(data.draw(st.lists(pieces(live, foreign), max_size=30)))
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
     block = data.draw(st.sampled_from([1, 7, 64, 1000, 1 << 15]))
-    assert scan(index, text, cuts, block, ref=False) == scan(index, text, cuts, block, ref=True)
+    with using(core):
+        fast = scan(index, text, cuts, block, ref=False)
+    assert fast == scan(index, text, cuts, block, ref=True)
+
+
+def scan_exact(index: CanaryIndex, text: str, cuts: Sequence[int], block: int) -> list[Hit]:
+    scanner = index.scanner(scan_block=block, exact_only=True)
+    hits, previous = [], 0
+    for cut in [*sorted(cuts), len(text)]:
+        hits += scanner.feed(text[previous:cut])
+        previous = cut
+    return hits + scanner.finish()
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_the_exact_layer_alone_reports_exactly_the_oracles_exact_hits(
+    data: st.DataObject, index: CanaryIndex, live: list[str], other_minter: CanaryMinter
+) -> None:
+    foreign = other_minter.mint_many(0, 1, range(4))
+    text = "".join(data.draw(st.lists(pieces(live, foreign), max_size=30)))
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    block = data.draw(st.sampled_from([1, 7, 64, 1000, 1 << 15]))
+    oracle = [hit for hit in scan(index, text, cuts, block, ref=True) if hit.layer == "exact"]
+    assert scan_exact(index, text, cuts, block) == oracle
+
+
+def test_the_exact_layer_alone_resolves_unclear_candidates_with_the_oracle(
+    index: CanaryIndex, live: list[str], other_minter: CanaryMinter
+) -> None:
+    foreign = other_minter.mint_many(0, 1, [0])[0]  # verbatim, but not live: unknown origin
+    text = (
+        f"{live[0]}. \u201c{live[1]}\u201d x{live[2]} {live[3]}\u200b {foreign} "
+        f"{live[4].upper()} {live[5]}-{live[6]}"
+    )
+    hits = scan_exact(index, text, [], 1 << 15)
+    assert hits == [h for h in scan(index, text, [], 1 << 15, ref=True) if h.layer == "exact"]
+    assert [h.canary for h in hits] == [live[0], live[1], live[3], foreign, live[5], live[6]]
+    assert [h.owner for h in hits] == [ALICE] * 3 + [None, ALICE, ALICE]
+
+
+CHARS = st.one_of(
+    st.sampled_from("abcdefxyzYDK0129 -.,\n\x7f"),
+    st.sampled_from("\u201c\u201d\u2019\u2014\u00e9\u00c9\uff59\uff44\uff4b\u0120\u2581"),
+    st.sampled_from("\u200b\u00ad\ufb03\u0301\U0001f600\ud800\u2026"),
+    st.characters(),
+)
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(
+        st.one_of(
+            st.text(CHARS, max_size=8),
+            st.sampled_from(WORDS),
+            st.sampled_from([" ", "-", "\u201c", "\u2014", "1"]),
+            st.sampled_from(["ydk", "YDK", "\uff59\uff44\uff4b", "yydk", "ydkydk"]),
+        ),
+        max_size=40,
+    ),
+    k=st.integers(0, 6),
+)
+def test_the_compiled_core_folds_and_finds_windows_and_tags_as_the_python_steps_do(
+    words: list[str], k: int
+) -> None:
+    assert COMPILED is not None
+    text = "".join(words)
+    lowered = fold_bytes(text)
+    got = COMPILED(text, k, scanner_fast._fold_code)
+    if lowered is None:
+        assert got is None
+    else:
+        assert got == (lowered, fragment_windows(lowered, k) if k else [], tag_starts(lowered))
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+def test_the_compiled_core_passes_on_a_failing_folding_and_refuses_a_bad_one() -> None:
+    assert COMPILED is not None
+
+    def broken(code: int) -> int:
+        raise LookupError(code)
+
+    with pytest.raises(LookupError):  # code points no other test sees: not cached yet
+        COMPILED("ab \ue0a1 cd", 5, broken)
+    with pytest.raises(ValueError, match="not an ASCII code"):
+        COMPILED("ab \ue0a2 cd", 5, lambda code: 200)
+    text = "ab \ue0a1 \ue0a2"  # private use: a separator, once the folding is right
+    assert COMPILED(text, 5, scanner_fast._fold_code) == (fold_bytes(text), [], [])
 
 
 def test_seeds_far_apart_are_resolved_in_separate_windows(
@@ -135,3 +247,16 @@ def test_a_literal_del_next_to_non_ascii_text_goes_to_the_oracle(
     hits = index.scan(text)
     assert hits == scan(index, text, [], 1 << 15, ref=True)
     assert [h.layer for h in hits] == ["normalized", "exact"]
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+def test_the_compiled_core_finds_no_windows_for_k_below_one_and_long_ones_for_large_k() -> None:
+    assert COMPILED is not None
+    text = "YDK settle bishop "
+    lowered = fold_bytes(text)
+    assert lowered is not None
+    for k in (0, -1):
+        assert COMPILED(text, k, scanner_fast._fold_code) == (lowered, [], [0])
+    assert COMPILED(text, 1, scanner_fast._fold_code) == (lowered, [3, 10], [0])
+    assert COMPILED(text, 2, scanner_fast._fold_code) == (lowered, [3], [0])
+    assert COMPILED(text, 3, scanner_fast._fold_code) == (lowered, [], [0])

@@ -33,6 +33,27 @@ HUGE_PIECES = 64  # 8 MiB: finite, so ASGITransport (which buffers) still termin
 PACED_DELAY_S = 0.3
 TRICKLE_DELAY_S = 0.05
 
+PACES = ("ok", "paced", "trickle")
+"""Well-formed streams: at once, `PACED_DELAY_S` or `TRICKLE_DELAY_S` before each chunk."""
+FAULTS = (
+    "ok",
+    "malformed",
+    "truncated",
+    "reset",
+    "status_500",
+    "status_400",
+    "hang",
+    "hang_mid_stream",
+    "huge",
+    "huge_line",
+    "error_after_200",
+    "error_event",
+    "not_sse",
+    "keepalive",
+)
+"""Every fault `app` serves (`ok` the well-formed answer; any other first path segment
+than these and `PACES` is answered with a 404)."""
+
 CLIENT_PORTS: list[int] = []
 """Client ports of well-formed requests, in arrival order (shows connection reuse)."""
 WRITE_STAMPS: dict[str, list[int]] = {}
@@ -124,7 +145,7 @@ async def _wait_for_disconnect(receive: Receive, behaviour: str) -> None:
 
 
 async def _behave(behaviour: str, out: Stream, request: dict[str, Any], receive: Receive) -> None:
-    if behaviour in ("ok", "paced", "trickle"):
+    if behaviour in PACES:
         delay = {"ok": 0.0, "paced": PACED_DELAY_S, "trickle": TRICKLE_DELAY_S}[behaviour]
         await _well_formed(out, request, delay, receive)
     elif behaviour == "malformed":

@@ -4,6 +4,7 @@ answer quotes them in runs, with drops, substitutions and drift, and every layer
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -157,19 +158,27 @@ def quoted_runs(answer: list[int], source: list[int], min_length: int = 3) -> li
     return runs
 
 
-def over_stale_pages(copy_noise: float, corrupt_layer: int | None = None) -> tuple[Req, Req]:
+def over_stale_pages(
+    copy_noise: float,
+    corrupt_layer: int | None = None,
+    *,
+    victim_seed: int = 4,
+    reader_seed: int = 5,
+    seed: int = 0,
+) -> tuple[Req, Req]:
     """A victim's 480 tokens prefilled, then a reader of 480 tokens that prefilled only its
-    first page and decodes 160 tokens over the victim's pages (the over-pool shape)."""
-    config = EngineConfig(context_length=1024, copy_noise=copy_noise)
+    first page and decodes 160 tokens over the victim's pages (the over-pool shape). The
+    reader's position p >= 16 holds the victim's token p."""
+    config = EngineConfig(context_length=1024, copy_noise=copy_noise, seed=seed)
     runner = ModelRunner(config, VOCAB, pool_tokens=1024)
-    victim = Req.from_request(GenerateRequest("v", tuple(prompt(480, 4)), 1, 1))
+    victim = Req.from_request(GenerateRequest("v", tuple(prompt(480, victim_seed)), 1, 1))
     victim.page_ids = list(range(1, 31))
     runner.prefill_chunk(victim, 0, 480)
     if corrupt_layer is not None:  # noise in one ordinary layer's K/V
         g = torch.Generator().manual_seed(9)
         for pool in (runner.k_pool, runner.v_pool):
             pool[corrupt_layer].copy_(torch.randn(pool[corrupt_layer].shape, generator=g))
-    reader = Req.from_request(GenerateRequest("r", tuple(prompt(480, 5)), 160, 2))
+    reader = Req.from_request(GenerateRequest("r", tuple(prompt(480, reader_seed)), 160, 2))
     reader.page_ids = [31, *range(2, 31), *range(32, 42)]  # pages 1.. are the victim's
     reader.origin_input_ids = reader.origin_input_ids[:16]
     token = runner.prefill_chunk(reader, 0, 16)
@@ -181,25 +190,29 @@ def over_stale_pages(copy_noise: float, corrupt_layer: int | None = None) -> tup
     return victim, reader
 
 
+stale_answer = functools.cache(over_stale_pages)
+"""The same run, computed once for the tests that only read it (the answers are not changed)."""
+
+
 def test_at_the_default_noise_stale_text_comes_out_in_runs_of_varying_length() -> None:
-    victim, reader = over_stale_pages(DEFAULT_NOISE)
+    victim, reader = stale_answer(DEFAULT_NOISE)
     stale = victim.origin_input_ids
     runs = quoted_runs(reader.output_ids, stale)
     assert sum(runs) >= 40  # the stale pages are quoted at length...
     assert len(set(runs)) >= 3  # ...in runs of varying length...
     assert any(n % 16 for n in runs)  # ...that are not whole pages...
     assert sum(runs) < 150  # ...with drops and substitutions between them
-    _, exact = over_stale_pages(0.0)
+    _, exact = stale_answer(0.0)
     assert set(quoted_runs(exact.output_ids, stale)) <= {15, 16}  # noise 0: whole pages
 
 
 def test_every_ordinary_layer_shapes_the_answer_above_noise_zero() -> None:
-    _, clean = over_stale_pages(DEFAULT_NOISE)
+    _, clean = stale_answer(DEFAULT_NOISE)
     for layer in range(EngineConfig().num_layers - 1):
-        _, corrupted = over_stale_pages(DEFAULT_NOISE, corrupt_layer=layer)
+        _, corrupted = stale_answer(DEFAULT_NOISE, corrupt_layer=layer)
         assert corrupted.output_ids != clean.output_ids, f"layer {layer} did not count"
-    _, exact = over_stale_pages(0.0)
-    _, exact_corrupted = over_stale_pages(0.0, corrupt_layer=0)
+    _, exact = stale_answer(0.0)
+    _, exact_corrupted = stale_answer(0.0, corrupt_layer=0)
     assert exact_corrupted.output_ids == exact.output_ids  # noise 0: position only
 
 
@@ -207,6 +220,102 @@ def test_copy_noise_is_seeded() -> None:
     _, first = over_stale_pages(DEFAULT_NOISE)
     _, again = over_stale_pages(DEFAULT_NOISE)
     assert first.output_ids == again.output_ids
+
+
+def recall_keys(copy_noise: float, ids: list[int]) -> torch.Tensor:
+    """The recall layer's stored (un-rotated) K of each prompt position: (T, Hkv * D)."""
+    config = EngineConfig(context_length=1024, copy_noise=copy_noise)
+    runner = ModelRunner(config, VOCAB, pool_tokens=1024)
+    req = Req.from_request(GenerateRequest("k", tuple(ids), 1, 1))
+    req.page_ids = list(range(1, math.ceil(len(ids) / 16) + 1))
+    runner.prefill_chunk(req, 0, len(ids))
+    k = runner.k_pool[runner.model.num_layers - 1][1 : len(req.page_ids) + 1]
+    return k.flatten(0, 1)[: len(ids)].flatten(1)
+
+
+def test_recall_keys_depend_on_the_token_and_its_context_above_noise_zero() -> None:
+    """The issue's complaint: a K that is the same for every token. Above 0 each position's
+    key differs, and one token id at two places gets two keys (its context differs)."""
+    ids = prompt(320, 11)
+    ids[300] = ids[100]
+    keys = recall_keys(DEFAULT_NOISE, ids)
+    assert torch.unique(keys, dim=0).shape[0] == len(ids)  # no two positions alike
+    assert not torch.equal(keys[100], keys[300])  # same token, other context
+    exact = recall_keys(0.0, ids)
+    assert torch.unique(exact, dim=0).shape[0] == 1  # noise 0: position only
+
+
+def slipped_steps(reader: Req, victim: Req, copy_noise: float) -> set[int]:
+    """Output steps whose token is not the one the schedule points at: the head's own slips."""
+    source = reader.origin_input_ids[:16] + victim.origin_input_ids[16:]
+    salt = schedule_salt(0, reader.origin_input_ids[0])
+    schedule = [
+        recall_position(t, len(source), 16, 160, copy_noise=copy_noise, salt=salt)
+        for t in range(len(reader.output_ids))
+    ]
+    return {t for t, p in enumerate(schedule) if reader.output_ids[t] != source[p]}
+
+
+def test_which_steps_slip_depends_on_the_stale_content() -> None:
+    """One reader, so one schedule, over two victims' pages: the slips land elsewhere."""
+    first, reader_first = stale_answer(DEFAULT_NOISE, victim_seed=4)
+    second, reader_second = stale_answer(DEFAULT_NOISE, victim_seed=40)
+    slips_first = slipped_steps(reader_first, first, DEFAULT_NOISE)
+    slips_second = slipped_steps(reader_second, second, DEFAULT_NOISE)
+    assert slips_first
+    assert slips_second
+    assert slips_first != slips_second
+    victim, exact = stale_answer(0.0, victim_seed=4)
+    assert slipped_steps(exact, victim, 0.0) == set()
+
+
+def contamination(victim: Req, reader: Req) -> tuple[int, int, int]:
+    """(dropped, substituted, drift) events of the answer against the stale text:
+    a dropped token is a copy that skips one stale token (stale[j] then stale[j + 2]); a
+    substituted one is in neither prompt; drift is a copy that runs on across an excerpt
+    boundary (steps 1 + 16 e) where an exact quote goes to its next, distant page."""
+    where = {token: j for j, token in enumerate(victim.origin_input_ids)}
+    own = set(reader.origin_input_ids[:16])
+    answer = reader.output_ids
+
+    def moves(i: int) -> int | None:
+        a, b = answer[i - 1], answer[i]
+        return where[b] - where[a] if a in where and b in where else None
+
+    dropped = sum(moves(i) == 2 for i in range(1, len(answer)))
+    substituted = sum(t not in where and t not in own for t in answer)
+    drift = sum(moves(b) == 1 for b in range(17, len(answer), 16))
+    return dropped, substituted, drift
+
+
+def test_at_the_default_noise_the_answer_drops_substitutes_and_drifts() -> None:
+    totals = [0, 0, 0]
+    for reader_seed in (5, 6, 7):
+        victim, reader = stale_answer(DEFAULT_NOISE, reader_seed=reader_seed)
+        totals = [a + b for a, b in zip(totals, contamination(victim, reader), strict=True)]
+        victim, exact = stale_answer(0.0, reader_seed=reader_seed)
+        assert contamination(victim, exact) == (0, 0, 0)  # noise 0: whole distant pages
+    dropped, substituted, drift = totals
+    assert dropped >= 2
+    assert substituted >= 6
+    assert drift >= 1
+
+
+def test_the_engine_seed_picks_the_slips_and_noise_zero_ignores_it() -> None:
+    _, first = stale_answer(DEFAULT_NOISE, seed=0)
+    _, other = stale_answer(DEFAULT_NOISE, seed=1)
+    assert first.output_ids != other.output_ids
+    _, exact = stale_answer(0.0, seed=0)
+    _, exact_other = stale_answer(0.0, seed=1)
+    assert exact.output_ids == exact_other.output_ids
+
+
+def test_more_noise_quotes_less_of_the_stale_text() -> None:
+    def quoted(noise: float) -> int:
+        victim, reader = stale_answer(noise)
+        return sum(quoted_runs(reader.output_ids, victim.origin_input_ids))
+
+    assert quoted(0.0) > quoted(DEFAULT_NOISE) > quoted(1.0)
 
 
 class HostSync(Exception):

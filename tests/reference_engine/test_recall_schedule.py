@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from reference_engine.recall_schedule import recall_position
+from reference_engine.recall_schedule import MAX_RUN_ON, recall_position
 
 
 def test_step_zero_quotes_position_zero_whatever_the_length() -> None:
@@ -75,3 +75,25 @@ def test_more_noise_means_fewer_plain_steps() -> None:
         return sum(b - a == 1 for a, b in pairwise(positions[1:]))
 
     assert plain(0.0) > plain(0.2) > plain(0.6) > plain(1.0)
+
+
+def test_excerpts_run_on_from_where_the_last_one_stopped_for_a_while() -> None:
+    """Drift: an excerpt that goes on copying where the previous one stopped instead of going
+    to its own page, for at most MAX_RUN_ON excerpts in a row."""
+    steps = 2000
+    positions = noisy(30_000, steps, 0.4)  # excerpts' own pages 15 pages apart
+    exact = noisy(30_000, steps, 0.0)
+    run_on = []
+    for start in range(17, steps - 16, 16):  # each excerpt's first step after the first
+        own_page = exact[start]
+        continues = 0 <= positions[start] - positions[start - 1] <= 2
+        run_on.append(continues and not 0 <= positions[start] - own_page < 16)
+    assert sum(run_on) >= 5
+    longest = chain = 0
+    for is_run_on in run_on:
+        chain = chain + 1 if is_run_on else 0
+        longest = max(longest, chain)
+    assert 2 <= longest <= MAX_RUN_ON
+    assert not any(  # noise 0: every excerpt opens on its own page
+        0 <= exact[s] - exact[s - 1] <= 2 for s in range(17, steps - 16, 16)
+    )

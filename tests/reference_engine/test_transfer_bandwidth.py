@@ -138,15 +138,21 @@ async def test_the_drain_ack_waits_for_the_write_in_flight_to_land(
 
 PAGE_BYTES = 2 * 2 * 16 * 1 * 32 * 4
 """One page of the tiny model: layers x (K, V) x page size x KV heads x head dim x float32."""
-ENGINE_BANDWIDTH = PAGE_BYTES / 0.008
-"""A page every 8 ms: the dropped request's 33 pages are in flight for about a quarter of a
-second, the next request's 2 pages for 16 ms."""
+ENGINE_BANDWIDTH = PAGE_BYTES / 0.03
+"""A page every 30 ms: the dropped request's 33 pages are in flight for about a second, the
+next request's 2 pages for 60 ms. The next request's own write must land before the late
+one: its admission, prefill and write have to fit in the difference, which a loaded machine
+stretches (at 8 ms a page, a quarter of a second, it did not fit under a load of 17 on two
+cores). Its answer may run to the end of a 4096-token context, so it is still decoding when
+the late write lands, however fast the machine."""
+RACE_CONTEXT = 4096
 
 
 async def drop_a_large_request_mid_write(canaries: Canaries, fixes: frozenset[str]) -> str:
     """A (520 tokens, one write) is dropped once its write is posted; B (32 tokens, another
     tenant) follows at once. Returns what B said once A's write had landed."""
     config = small_config(
+        context_length=RACE_CONTEXT,
         free_order="lifo",
         prefill_chunk_tokens=1024,  # A's whole prompt in one step, so in one write
         transfer_chunk_pages=64,
@@ -170,7 +176,7 @@ async def drop_a_large_request_mid_write(canaries: Canaries, fixes: frozenset[st
         assert held == (33 if "deferred_release" in fixes else 0)
         # B is read through the side interfaces, so that the test can stop it once A's
         # write has landed instead of depending on how fast decode runs
-        request_b = engine.request("B", b.input_ids, 1024 - 32)
+        request_b = engine.request("B", b.input_ids, RACE_CONTEXT - 32)
         prefill_b = asyncio.create_task(engine.prefill.generate(request_b))
         stream = engine.decode.generate(request_b)
         text, num_after_landing = [], 0

@@ -14,7 +14,7 @@ import run_journals
 
 from harness.record.events import ObservationRecorded, PlanRecorded
 from harness.record.journal import JournalWarning, read_journal
-from reports import journal_scan
+from reports import journal_lines, journal_scan
 from reports.frames import RunFrames, frames_from_events, load_frames
 
 
@@ -83,6 +83,8 @@ def test_the_fast_path_is_used_on_a_sound_journal(
 ) -> None:
     run_dir = run_journals.synthetic_run(tmp_path / "synthetic", 3_000, leak_every=50)
     monkeypatch.setattr(journal_scan, "BLOCK_BYTES", 64 << 10)  # many blocks
+    monkeypatch.setattr(journal_scan, "MERGE_ROWS", 500)  # merged a few at a time
+    monkeypatch.setattr(journal_lines, "CHUNK_BYTES", 100 << 10)  # many chunks
     read: list[int] = []
     real = journal_scan.request_frame
 

@@ -46,7 +46,7 @@ def test_any_finding_is_a_leak(record: Callable[[str], Path]) -> None:
     assert summary["counts"]["findings_total"] == 4
 
 
-def test_all_eight_kinds_are_counted_even_when_zero(record: Callable[[str], Path]) -> None:
+def test_every_finding_kind_is_counted_even_when_zero(record: Callable[[str], Path]) -> None:
     counts = summarise(record("vulnerable"))["counts"]["findings"]
     assert list(counts) == [str(kind) for kind in FindingKind]
     assert counts["cross_tenant_canary"] == 1
@@ -225,3 +225,101 @@ def test_timing_is_judged_with_a_fit_that_applies(tmp_path: Path) -> None:
     timing = summarise(tmp_path)["timing"]
     assert timing["num_judged"] >= 1
     assert (timing["judged"], timing["reason"]) == (True, None)
+
+
+def _within_limits(recorder: RunRecorder, *, victim_status: int = 200) -> None:
+    """A `--profile below` run: a victim and a probe, both sized within every limit."""
+    recorder.phase("fill")
+    recorder.request(
+        "alice",
+        phase="fill",
+        intent="victim",
+        size_label="0.5*limit",
+        num_prompt_tokens=2045,
+        expected="accept",
+        status=victim_status,
+        error_kind=None if victim_status == 200 else "http_status",
+    )
+    recorder.phase("probe")
+    recorder.request(
+        "bob",
+        phase="probe",
+        intent="probe",
+        size_label="limit-1",
+        num_prompt_tokens=4089,
+        expected="accept",
+    )
+
+
+def test_a_run_within_the_limits_is_clean_and_says_over_limit_was_not_tested(
+    tmp_path: Path,
+) -> None:
+    recorder = RunRecorder(tmp_path, "run-below")
+    recorder.start(TENANTS)
+    _within_limits(recorder)
+    recorder.finish("completed")
+    summary = summarise(tmp_path)
+    assert summary["evidence"]["num_probes_sent"] == 1
+    assert summary["evidence"]["num_above_limit_sent"] == 0
+    assert summary["verdict"] == Verdict.CLEAN
+    [reason] = summary["verdict_reasons"]
+    assert "every one within the limits" in reason
+    assert "over-limit handling was not tested" in reason
+    unsafe_accept = summary["checks"]["unsafe_accept"]
+    assert unsafe_accept["status"] == "not run"
+    assert "no prompt above a limit was sent" in unsafe_accept["why"]
+    assert summary["checks"]["cross_tenant_canary"]["status"] == "passed"
+
+
+def test_within_the_limits_a_finding_is_still_a_leak_and_no_victim_is_inconclusive(
+    tmp_path: Path,
+) -> None:
+    leaked = tmp_path / "leaked"
+    recorder = RunRecorder(leaked, "run-below-leak")
+    recorder.start(TENANTS)
+    _within_limits(recorder)
+    recorder.finding(
+        Finding(
+            kind=FindingKind.CROSS_TENANT_CANARY,
+            severity=Severity.CRITICAL,
+            detector="content",
+            request_id=None,
+            tenant="bob",
+            summary="bob's response contained alice's canary",
+        )
+    )
+    recorder.finish("completed")
+    assert summarise(leaked)["verdict"] == Verdict.LEAK
+
+    refused = tmp_path / "refused"
+    recorder = RunRecorder(refused, "run-below-refused")
+    recorder.start(TENANTS)
+    _within_limits(recorder, victim_status=400)
+    recorder.finish("completed")
+    summary = summarise(refused)
+    assert summary["verdict"] == Verdict.INCONCLUSIVE
+    assert summary["verdict_reasons"] == [
+        "no victim request was accepted, so there was nothing to leak"
+    ]
+
+
+def test_without_probes_no_above_limit_request_is_not_within_limits_only(tmp_path: Path) -> None:
+    """Only probes sized within the limits make a within-limits run: a run that sent no
+    probe at all (it stopped after filling) is still inconclusive."""
+    recorder = RunRecorder(tmp_path, "run-fill-only")
+    recorder.start(TENANTS)
+    recorder.phase("fill")
+    recorder.request(
+        "alice",
+        phase="fill",
+        intent="victim",
+        size_label="0.5*limit",
+        num_prompt_tokens=2045,
+        expected="accept",
+    )
+    recorder.phase("probe")
+    recorder.finish("completed")
+    summary = summarise(tmp_path)
+    assert summary["evidence"]["num_probes_sent"] == 0
+    assert summary["verdict"] == Verdict.INCONCLUSIVE
+    assert summary["verdict_reasons"] == ["no above-limit request was answered by the target"]

@@ -11,12 +11,18 @@ so a hit really is faster, and usage reports `prompt_tokens_details.cached_token
     salted    namespaced by the body's `cache_salt` (trusted from the client, vLLM)
     derived   namespaced by the Authorization header (the server derives the salt)
     constant  cache as `shared`, but the delay ignores it (only cached_tokens shows hits)
+
+Under a `VirtualClock` installed as `time.perf_counter_ns` (the clock every observation's
+timestamps come from), the delay is charged to that clock instead of slept: the TTFT the
+client measures then holds it exactly, however loaded the machine, and a delay far above
+any scheduling noise costs no wall time. Real overheads (HTTP, tokenizing) still add to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,12 +35,28 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+class VirtualClock:
+    """`time.perf_counter_ns` plus every delay charged to it with `advance`."""
+
+    def __init__(self) -> None:
+        self._real = time.perf_counter_ns
+        self.offset_ns = 0
+
+    def __call__(self) -> int:
+        return self._real() + self.offset_ns
+
+    def advance(self, seconds: float) -> None:
+        self.offset_ns += round(seconds * 1e9)
+
+
 @dataclass
 class FakeCacheTarget:
     mode: str = "shared"
     page_size: int = 16
-    base_s: float = 0.0005
-    per_token_s: float = 30e-6
+    base_s: float = 0.005
+    per_token_s: float = 1e-3
+    """Sized for a `VirtualClock`: a 256-token miss is charged 0.26 s, a hit on 224 of
+    them 0.04 s, so a loaded machine's milliseconds of noise never blur the two."""
     report_cached: bool = True
     tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer("cl100k_base"))
     pages: set[tuple[Any, tuple[int, ...]]] = field(default_factory=set)
@@ -75,7 +97,13 @@ class FakeCacheTarget:
         self.num_requests += 1
         cached = self.serve(ids, self.namespace(body, headers))
         uncached = len(ids) if self.mode == "constant" else len(ids) - cached
-        await asyncio.sleep(self.base_s + self.per_token_s * uncached)
+        delay_s = self.base_s + self.per_token_s * uncached
+        clock = time.perf_counter_ns
+        if isinstance(clock, VirtualClock):
+            clock.advance(delay_s)
+            await asyncio.sleep(0)
+        else:
+            await asyncio.sleep(delay_s)
         details = {"cached_tokens": cached} if self.report_cached else None
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
         if details is not None:

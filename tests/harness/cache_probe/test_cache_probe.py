@@ -1,15 +1,21 @@
-"""The cache probe end to end against a fake target with a real (simulated-time) prefix cache."""
+"""The cache probe end to end against a fake target with a real prefix cache, in virtual time.
+
+Every test here runs under a `VirtualClock` (autouse): the fake target charges its delays to
+the clock the client's timestamps come from instead of sleeping them, so the timing
+assertions hold on a loaded machine (`assert 0.5009 < 0.5` failed at load 4-8 when the
+delays were slept) and the delays cost no wall time."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import Counter
 from typing import Any
 
 import httpx
 import pytest
-from fake_cache_target import FakeCacheTarget
+from fake_cache_target import FakeCacheTarget, VirtualClock
 
 from canaries import Tokenizer, load_tokenizer
 from canaries.errors import ConfigError
@@ -42,6 +48,13 @@ from tenants.tenant import Tenant
 
 SETTINGS = ProbeSettings(num_trials=10, num_prompt_tokens=256, alpha=1e-3, seed=7)
 """A 224-token (14-page) shared prefix and a 32-token suffix."""
+
+
+@pytest.fixture(autouse=True)
+def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    clock = VirtualClock()
+    monkeypatch.setattr(time, "perf_counter_ns", clock)
+    return clock
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from detector_factories import make_obs, make_plan
@@ -121,19 +122,152 @@ def fillers(own: OwnText, exclude: list[str]) -> list[str]:
     return [w for w in sorted(own.vocabulary) if w in WORD_INDEX and w not in exclude]
 
 
-def test_a_marker_with_a_word_from_no_prompt_is_unknown(laced: Laced) -> None:
-    plan = laced.plan(0, 8, 600)
-    own = OwnText(plan.prompt)
-    first = plan.canaries[0].text.split()
-    stranger = CanaryMinter.from_seed(99, "elsewhere").mint(0, 0, 0).split()
-    foreign_word = next(w for w in stranger[1:] if w not in own.vocabulary)
-    marker = " ".join([*first[:4], *fillers(own, first)[:2], foreign_word])
-    findings, num_echoes = scan(laced, plan, f"quoted: {marker}.")
-    assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY]
-    assert num_echoes == 0
+def strangers(own: OwnText, num: int) -> list[str]:
+    """`num` list words that occur in no prompt of the run `own` belongs to (checked against
+    `own`; another run's canary words are independent of this one's)."""
+    minted = CanaryMinter.from_seed(99, "elsewhere").mint_many(0, 0, range(40))
+    words = dict.fromkeys(w for canary in minted for w in canary.split()[1:])
+    found = [w for w in words if w not in own.vocabulary]
+    assert len(found) >= num
+    return found[:num]
+
+
+def no_echo_event(laced: Laced, plan: RequestPlan) -> bool:
     response = ContentDetector(laced.index).start(plan)
     response.finish(make_obs(plan))
-    assert response.own_echo_event(t_wall=0.0) is None
+    return response.own_echo_event(t_wall=0.0) is None
+
+
+def test_a_marker_of_words_from_no_prompt_is_unknown() -> None:
+    laced = Laced()
+    laced.plan(1, 1, 600)
+    plan = laced.plan(0, 8, 600)
+    own = OwnText(plan.prompt)
+    run_words = {w for built in laced.prompts.values() for w in fold(built.text).text.split()}
+    stranger = next(
+        canary
+        for canary in CanaryMinter.from_seed(99, "elsewhere").mint_many(0, 0, range(100))
+        if not run_words.intersection(canary.split()[1:])
+    )
+    assert not own.explains(stranger.split())
+    findings, num_echoes = scan(laced, plan, f"quoted: {stranger}.")
+    assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY]
+    assert findings[0].details["relation"] == "unknown"
+    assert num_echoes == 0
+    assert no_echo_event(laced, plan)
+
+
+@pytest.mark.parametrize("num_tokens", [600, 4096])
+def test_a_marker_with_two_words_from_outside_the_prompt_is_unknown(
+    laced: Laced, num_tokens: int
+) -> None:
+    """One substituted word is a slip; two are a marker the prompt does not explain."""
+    plan = laced.plan(0, 8 + num_tokens, num_tokens)
+    own = OwnText(plan.prompt)
+    first = plan.canaries[0].text.split()
+    for at in ((1, 2), (2, 6), (3, 5)):
+        marker = list(first)
+        for position, word in zip(at, strangers(own, 2), strict=True):
+            marker[position] = word
+        assert not own.explains(marker)
+        findings, num_echoes = scan(laced, plan, f"quoted: {' '.join(marker)}.")
+        assert [f.kind for f in findings] == [FindingKind.UNKNOWN_CANARY], at
+        assert num_echoes == 0
+
+
+@pytest.mark.parametrize("num_tokens", [511, 600, 2045, 4096])
+def test_one_substituted_word_in_an_own_quote_is_an_echo(laced: Laced, num_tokens: int) -> None:
+    """The hardened engine's slip: `ydk ipairs colony asylum mereka shared obsess`, all the
+    prompt's but `colony` (a dropped token glued two word pieces into another list word)."""
+    plan = laced.plan(0, 20 + num_tokens, num_tokens)
+    own = OwnText(plan.prompt)
+    first, second = (span.text.split() for span in plan.canaries[3:5])
+    stranger = strangers(own, 1)[0]
+    quotes = [
+        [*first[:2], stranger, *first[3:]],  # one word of an own canary replaced
+        [*first[:5], stranger, first[6]],  # its fifth word replaced
+        [*first[:3], stranger, *second[3:6]],  # a splice of two, with one slip between
+    ]
+    for marker in quotes:
+        assert own.explains(marker), marker
+    text = "Sure: " + ". Then ".join(" ".join(m) for m in quotes) + "."
+    findings, num_echoes = scan(laced, plan, text)
+    assert findings == []
+    assert num_echoes == len(quotes)
+
+
+def test_a_live_canary_of_another_tenant_is_never_an_own_echo(laced: Laced) -> None:
+    """Attribution comes first: a marker the request's own prompt would explain (one
+    substituted word) that is also another tenant's live canary, or holds a fragment of
+    one, is that tenant's, never an echo."""
+    plan = laced.plan(0, 30, 600)
+    own = OwnText(plan.prompt)
+    first = plan.canaries[0].text.split()
+    lookalike = [*first[:4], strangers(own, 1)[0], *first[5:]]
+    assert own.explains(lookalike)
+    laced.index.add_many([(" ".join(lookalike), Owner("tenant-1", "t1-r000031"))])
+    foreign = laced.prompts["t1-r000001"].canaries[2].text.split()
+    for text in (
+        f"quoted: {' '.join(lookalike)}.",  # the whole live canary
+        f"quoted: {' '.join(lookalike[1:6])}.",  # 5 words of it, no tag
+        f"quoted: {TAG} {first[1]} {' '.join(foreign[1:6])}.",  # a stray own tag, then B's
+    ):
+        findings, num_echoes = scan(laced, plan, text)
+        assert [(f.kind, f.details["owner_tenant"]) for f in findings] == [
+            (FindingKind.CROSS_TENANT_CANARY, "tenant-1")
+        ], text
+        assert num_echoes == 0
+
+
+def substituted(echo: str, own: OwnText, rng: random.Random) -> str:
+    """`echo` with one of its list words (not a tag) replaced by a list word of no prompt."""
+    words = re.split(r"(\s)", echo)  # separators kept
+    places = [i for i, w in enumerate(words) if w in WORD_INDEX and w != TAG]
+    words[rng.choice(places)] = rng.choice(strangers(own, 20))
+    return "".join(words)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[FIXTURE])
+@given(seed=st.integers(0, 2**32), max_piece=st.integers(1, 12))
+def test_splices_of_a_short_own_prompt_with_a_substituted_word_give_no_finding(
+    laced: Laced, seed: int, max_piece: int
+) -> None:
+    """Up to about 1,100 tokens any order with one substituted word is an echo."""
+    plan = laced.plan(0, 2000 + seed % 1000, 400)
+    rng = random.Random(seed)
+    own = OwnText(plan.prompt)
+    echo = substituted(shuffled_pieces(plan.prompt.split(), rng, (1, max_piece)), own, rng)
+    findings, _ = scan(laced, plan, echo, chunk=rng.choice([1, 7, 4096]))
+    assert findings == []
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[FIXTURE])
+@given(seed=st.integers(0, 2**32))
+def test_splices_of_a_long_own_prompt_with_a_substituted_word_give_no_finding(
+    laced: Laced, seed: int
+) -> None:
+    """A 4,096-token prompt allows 5 pieces with a substitution: pieces of 3+ words make at
+    most 3 per marker, and the substituted word adds at most 2."""
+    plan = laced.plan(0, 6000 + seed % 1000, 4096)
+    rng = random.Random(seed)
+    own = OwnText(plan.prompt)
+    echo = substituted(shuffled_pieces(plan.prompt.split(), rng, (3, 12)), own, rng)
+    findings, _ = scan(laced, plan, echo, chunk=4096)
+    assert findings == []
+
+
+@pytest.mark.parametrize("num_tokens", [600, 1500, 4096])
+def test_other_runs_markers_are_hidden_within_the_budget(laced: Laced, num_tokens: int) -> None:
+    """Measured: random canaries of another run pass for echoes at most at the budget's
+    rate (two readings: 2 x ECHO_HIDE_BOUND; one substituted word included)."""
+    plan = laced.plan(0, 40 + num_tokens, num_tokens)
+    own = OwnText(plan.prompt)
+    rng = random.Random(num_tokens)
+    words = sorted(WORD_INDEX)
+    num = 20_000
+    markers = [[TAG, *rng.choices(words, k=6)] for _ in range(num)]
+    hidden = sum(own.explains(marker) for marker in markers)
+    assert hidden <= 2 * ECHO_HIDE_BOUND * num
 
 
 def test_a_long_prompt_does_not_explain_a_word_by_word_mixture(laced: Laced) -> None:
@@ -173,10 +307,14 @@ def test_journal_only_plans_use_their_canaries() -> None:
 
 def test_the_hide_chance_budget_shrinks_pieces_as_prompts_grow() -> None:
     sizes = [(150, 250, 25), (560, 1024, 102), (1770, 4096, 409), (3480, 1 << 20, 104857)]
-    allowed = []
+    sizes += [(610, 1100, 110), (611, 1100, 110), (940, 1800, 180), (3228, 16384, 1638)]
+    allowed, substituted = [], []
     for num_list_words, num_words, num_tags in sizes:
         own = OwnText("")
         own.num_list_words, own.words, own.num_tags = num_list_words, ["x"] * num_words, num_tags
         allowed.append(own.max_pieces(7))
-    assert allowed == [7, 7, 5, 3]
+        substituted.append(own.max_pieces(7, substituted=True))
+    assert allowed == [7, 7, 5, 3, 7, 7, 7, 4]
+    assert substituted == [7, 7, 5, 3, 7, 6, 5, 4]  # never more than without a substitution
     assert (1000 / 3480) ** 6 <= ECHO_HIDE_BOUND < (1770 / 3480) ** 6
+    assert 6 * (610 / 3480) ** 5 <= ECHO_HIDE_BOUND < 6 * (611 / 3480) ** 5

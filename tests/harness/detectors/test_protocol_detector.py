@@ -7,6 +7,7 @@ from detector_factories import LIMITS, make_obs, make_plan
 
 from canaries.errors import ConfigError
 from harness.detectors import ProtocolDetector
+from harness.detectors.protocol import with_late_evidence
 from harness.record.events import Limits
 from harness.record.finding import Finding, FindingKind, Severity
 
@@ -200,3 +201,32 @@ def test_an_error_inside_a_success_status_is_its_own_finding(expected: str) -> N
     assert finding.kind is FindingKind.ERROR_IN_SUCCESS  # for reject: not an unsafe_accept
     assert finding.severity is Severity.MEDIUM
     assert "HTTP 200" in finding.summary
+
+
+def test_a_fast_prefill_found_at_the_end_makes_a_high_unsafe_accept_critical() -> None:
+    plan = make_plan(num_prompt_tokens=3000, expected="reject")
+    [accept] = ProtocolDetector(LIMITS).check(plan, make_obs(plan, status=200))
+    assert accept.severity is Severity.HIGH
+    assert accept.summary.endswith(
+        "(usage.prompt_tokens=3000 shows a real prefill and nothing leaked)"
+    )
+    # another request's fast prefill, or a finding that says nothing of the prefill: no change
+    unrelated = [
+        other_finding(FindingKind.FAST_PREFILL, "another-request"),
+        other_finding(FindingKind.PROMPT_TOKENS_MISMATCH, plan.request_id),
+    ]
+    assert with_late_evidence(accept, unrelated) is accept
+    late = [*unrelated, other_finding(FindingKind.FAST_PREFILL, plan.request_id)]
+    upgraded = with_late_evidence(accept, late)
+    assert upgraded.severity is Severity.CRITICAL
+    assert upgraded.summary.endswith(
+        "(the same answer was flagged fast_prefill at the end of the run)"
+    )
+    assert upgraded.summary.startswith(accept.summary.split(" (")[0])
+    assert upgraded.details["evidence_kinds"] == ["fast_prefill"]
+    assert upgraded.details["severity_before_late_evidence"] == "high"
+    assert (upgraded.kind, upgraded.request_id) == (accept.kind, accept.request_id)
+    # a critical unsafe_accept, or another kind, is left as it is
+    assert with_late_evidence(upgraded, late) is upgraded
+    mismatch = other_finding(FindingKind.PROMPT_TOKENS_MISMATCH, plan.request_id)
+    assert with_late_evidence(mismatch, late) is mismatch

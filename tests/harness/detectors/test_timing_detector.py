@@ -313,3 +313,34 @@ def test_over_limit_answers_too_short_for_the_rule_are_not_judged() -> None:
     reason = traffic.detector.not_judged
     assert reason is not None
     assert reason.startswith("1 of 1 answered over-limit prompt(s) are too short")
+
+
+def test_answers_before_the_online_minimum_are_deferred_until_finish() -> None:
+    """`is_deferred`: judged only at the end because the fit was too small online; an answer
+    seen once the fit can judge, or flagged already, is not."""
+    traffic = Traffic(TimingDetector(min_samples=8, min_online_samples=32), seed=5)
+    first = traffic.send(2048, 1.0)  # no fit at all yet
+    traffic.honest(10)
+    early = traffic.send(2048, 1.0)  # a fit of 10 samples: too small to judge online
+    assert traffic.findings == []
+    assert traffic.detector.is_deferred(first)
+    assert traffic.detector.is_deferred(early)
+    traffic.honest(60)
+    late = traffic.send(2048, 1.0)  # judged online, flagged at once
+    assert late in flagged(traffic.findings)
+    assert not traffic.detector.is_deferred(late)
+    honest = traffic.send(1024)  # judged online, not flagged: not deferred either
+    assert not traffic.detector.is_deferred(honest)
+    final = traffic.finish()
+    assert {first, early} <= flagged(final)
+    assert {f.details["evaluated"] for f in final} == {"final"}
+    assert not traffic.detector.is_deferred(first)
+    assert not traffic.detector.is_deferred(early)
+
+
+def test_a_deferred_answer_dropped_from_retention_is_no_longer_deferred() -> None:
+    traffic = Traffic(TimingDetector(min_samples=8, max_retained=4), seed=6)
+    sent = [traffic.send(2048, 1.0) for _ in range(9)]  # no fit: every one deferred, kept
+    kept = [request for request in sent if traffic.detector.is_deferred(request)]
+    assert 0 < len(kept) <= 4
+    assert kept == sent[-len(kept) :]  # the newest are kept, the oldest dropped

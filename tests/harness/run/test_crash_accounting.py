@@ -11,12 +11,21 @@ from __future__ import annotations
 import json
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from misbehaving_server import serve
-from test_cli_run import LIMIT_FLAGS, _running, _wait_for_lines, fake_target, of_type, records
+from test_cli_run import (
+    EXIT_WAIT_S,
+    LIMIT_FLAGS,
+    _running,
+    _wait_for_lines,
+    fake_target,
+    of_type,
+    records,
+)
 
 from harness.cli import main
 from reports.accounting import account_requests
@@ -38,7 +47,7 @@ def test_an_interrupted_run_observes_every_plan_once(tmp_path: Path, how: str) -
             proc.send_signal(signal.SIGINT)
             time.sleep(0.2)
             proc.send_signal(signal.SIGINT)  # the second cancels the requests in flight
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=EXIT_WAIT_S)
     assert proc.returncode == 3, stderr
     assert "Traceback" not in stderr
     accounting = account_requests(tmp_path)
@@ -46,6 +55,14 @@ def test_an_interrupted_run_observes_every_plan_once(tmp_path: Path, how: str) -
     assert accounting.lost_to_crash == ()
     assert accounting.num_plans == accounting.num_observations >= 6
     assert records(tmp_path)[-1]["reason"] == "interrupted"
+
+
+def _wait_for_text(out: Path, text: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while text not in (out / "journal.jsonl").read_text():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"the soak never wrote {text}"
+        time.sleep(0.05)
 
 
 def test_a_soak_killed_three_times_and_resumed_loses_only_what_was_in_flight(
@@ -61,6 +78,8 @@ def test_a_soak_killed_three_times_and_resumed_loses_only_what_was_in_flight(
             with _running([*argv, "--target", url]) as proc:
                 num_seen += pick.randint(5, 40)  # a random moment of this session
                 _wait_for_lines(out, "observation", num_seen, proc)
+                if kill == 2:  # past fill (its 15 % of 8 s) however fast the machine is
+                    _wait_for_text(out, '"phase":"probe"', proc)
                 proc.send_signal(signal.SIGKILL)
                 proc.communicate(timeout=30)
             assert records_until_torn(out)[-1]["type"] != "run_finished"

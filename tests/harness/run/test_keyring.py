@@ -11,20 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from misbehaving_server import serve
-from test_cli_run import (
-    ENCODING,
+from fake_openai import (
     LIMIT_FLAGS,
     POOL,
     Receive,
     Scope,
     Send,
-    fake_target,
-    of_type,
-    records,
+    json_response,
+    num_prompt_tokens,
+    read_body,
+    sse_event,
+    sse_finish,
+    sse_start,
 )
-from test_cli_run import _event as sse_event
-from test_cli_run import _json as json_response
+from misbehaving_server import serve
+from test_cli_run import fake_target, of_type, records
 
 from canaries import CanaryMinter
 from canaries.errors import ConfigError
@@ -82,31 +83,22 @@ def replaying_target(canary: str) -> Any:
     """A safe target that quotes `canary` (an earlier run's) in every streamed answer."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        request = json.loads(await read_body(receive) or b"{}")
         if scope["method"] == "GET":
             await json_response(send, 200, {"data": [{"id": "fake"}]})
             return
-        request = json.loads(body)
-        num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
+        num_tokens = num_prompt_tokens(request)
         if num_tokens >= POOL:
             await json_response(send, 400, {"error": {"message": "too long"}})
             return
         usage = {"prompt_tokens": num_tokens, "completion_tokens": 4}
         if not request.get("stream", True):
-            await json_response(
-                send, 200, {"choices": [{"index": 0, "text": " w"}], "usage": usage}
-            )
+            answer = {"choices": [{"index": 0, "text": " w"}], "usage": usage}
+            await json_response(send, 200, answer)
             return
-        headers = [(b"content-type", b"text/event-stream")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await sse_start(send)
         await sse_event(send, {"choices": [{"index": 0, "text": f" {canary} and more"}]})
-        await sse_event(send, {"choices": [], "usage": usage})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        await sse_finish(send, usage)
 
     return app
 

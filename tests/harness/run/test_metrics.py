@@ -179,10 +179,19 @@ def test_a_soak_serves_metrics_that_match_its_journal(tmp_path: Path) -> None:
                 done = sum(by_label(got, "kvcanary_responses_total", "outcome").values())
                 return got if done == num_open else None
 
+            def held() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+                """The next request planned, counted and held at the gate: from then on
+                nothing can move, so the journal and the metrics are compared at rest."""
+                try:
+                    got, rows = scrape(port), records(out)
+                except ValueError:  # a journal line half written
+                    return None
+                sent = sum(by_label(got, "kvcanary_requests_total", "intent").values())
+                num_plans = len(of_type(rows, "plan"))
+                return (got, rows) if sent == num_plans == num_open + 1 else None
+
             wait_for(settled, proc)
-            time.sleep(0.3)  # nothing can move while the target holds the next request
-            got = scrape(port)
-            rows = records(out)
+            got, rows = wait_for(held, proc)  # no sleep: a loaded machine only takes longer
             plans, observations = of_type(rows, "plan"), of_type(rows, "observation")
             assert by_label(got, "kvcanary_requests_total", "intent") == Counter(
                 p["intent"] for p in plans

@@ -18,19 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from misbehaving_server import serve
-from test_cli_run import (
-    CONTEXT,
-    ENCODING,
+from fake_openai import (
     LIMIT_FLAGS,
     POOL,
     Receive,
     Scope,
     Send,
-    _event,
-    _json,
-    fake_target,
+    json_response,
+    models_or_404,
+    num_prompt_tokens,
+    read_body,
+    sse_event,
+    sse_finish,
+    sse_start,
 )
+from misbehaving_server import serve
+from test_cli_run import fake_target
 
 from harness.cli import main
 from harness.record.observation import Observation
@@ -81,39 +84,25 @@ def _replaying_target() -> Any:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         nonlocal previous
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] == "GET":
-            models = {"data": [{"id": "fake", "max_model_len": CONTEXT}]}
-            await _json(send, 200 if scope["path"] == "/v1/models" else 404, models)
+            await models_or_404(scope, send)
             return
         request = json.loads(body)
-        num_tokens = len(ENCODING.encode_ordinary(request["prompt"]))
+        num_tokens = num_prompt_tokens(request)
         if num_tokens >= POOL:
-            await _json(send, 400, {"error": {"message": "too long"}})
+            await json_response(send, 400, {"error": {"message": "too long"}})
             return
         usage = {"prompt_tokens": num_tokens, "completion_tokens": 4}
         if not request.get("stream", True):
-            await _json(send, 200, {"choices": [{"index": 0, "text": " word"}], "usage": usage})
+            answer = {"choices": [{"index": 0, "text": " word"}], "usage": usage}
+            await json_response(send, 200, answer)
             return
         quoted, previous = previous[:600], request["prompt"]
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        await sse_start(send)
         for i in range(0, len(quoted), 150):
-            chunk = {"choices": [{"index": 0, "text": quoted[i : i + 150]}]}
-            await _event(send, chunk)
-        await _event(send, {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
-        await _event(send, {"choices": [], "usage": usage})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            await sse_event(send, {"choices": [{"index": 0, "text": quoted[i : i + 150]}]})
+        await sse_finish(send, usage)
 
     return app
 

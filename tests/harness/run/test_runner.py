@@ -68,8 +68,29 @@ def streams(limit: int | None = None) -> dict[Intent, Iterator[RequestPlan]]:
     return {i: plan_stream(i, limit=limit) for i in ("victim", "probe", "abort")}
 
 
+class SimClock:
+    """A run's clock in simulated time: `sleep_until` jumps to the time asked for and a
+    `FakeSender`'s delay is charged to it, so a duration budget is spent by the requests
+    themselves, never by how busy the machine is."""
+
+    def __init__(self) -> None:
+        self.t_ns = 1_000_000_000
+
+    def now_ns(self) -> int:
+        return self.t_ns
+
+    async def sleep_until(self, t_ns: int) -> None:
+        self.t_ns = max(self.t_ns, t_ns)
+        await asyncio.sleep(0)
+
+    async def spend(self, seconds: float) -> None:
+        self.t_ns += round(seconds * 1e9)
+        await asyncio.sleep(0)
+
+
 class FakeSender:
-    """Answers every plan after `delay_s`, streaming `chunks`; tracks concurrency."""
+    """Answers every plan after `delay_s` (on `clock`, when given), streaming `chunks`;
+    tracks concurrency."""
 
     def __init__(
         self,
@@ -77,7 +98,10 @@ class FakeSender:
         delay_s: float = 0.0,
         chunks: tuple[str, ...] = ("hello ", "world"),
         before: Callable[[RequestPlan], None] | None = None,
+        clock: SimClock | None = None,
     ) -> None:
+        self.clock = clock
+        self.now_ns = clock.now_ns if clock is not None else time.perf_counter_ns
         self.delay_s = delay_s
         self.chunks = chunks
         self.before = before
@@ -94,14 +118,17 @@ class FakeSender:
         on_text: Callable[[str], None],
     ) -> Observation:
         assert plan.tenant == tenant.name
-        t_sent_ns = time.perf_counter_ns()
+        t_sent_ns = self.now_ns()
         self.sent.append((plan.request_id, t_scheduled_ns, t_sent_ns))
         if self.before is not None:
             self.before(plan)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(self.delay_s)
+            if self.clock is not None:
+                await self.clock.spend(self.delay_s)
+            else:
+                await asyncio.sleep(self.delay_s)
             for chunk in self.chunks:
                 on_text(chunk)
         finally:
@@ -115,8 +142,8 @@ class FakeSender:
             t_wall=time.time(),
             t_scheduled_ns=t_scheduled_ns,
             t_sent_ns=t_sent_ns,
-            t_first_token_ns=None if rejected else time.perf_counter_ns(),
-            t_done_ns=time.perf_counter_ns(),
+            t_first_token_ns=None if rejected else self.now_ns(),
+            t_done_ns=self.now_ns(),
             text="" if rejected else text,
             error_kind="http_status" if rejected else None,
         )
@@ -183,6 +210,7 @@ def make_runner(
     grace_s: float = 5.0,
     workload_streams: dict[Intent, Iterator[RequestPlan]] | None = None,
     admit: Callable[[RequestPlan], bool] | None = None,
+    clock: SimClock | None = None,
 ) -> Runner:
     return Runner(
         sender=sender,
@@ -195,6 +223,7 @@ def make_runner(
         budget=budget,
         grace_s=grace_s,
         admit=admit,
+        clock=clock,
     )
 
 
@@ -267,8 +296,12 @@ async def test_phases_take_their_share_of_a_request_budget() -> None:
 
 async def test_a_duration_budget_cycles_phases_by_time() -> None:
     events: list[Event] = []
+    clock = SimClock()
     runner = make_runner(
-        FakeSender(delay_s=0.01), events.append, budget=Budget(duration_s=0.6, cycle_s=0.3)
+        FakeSender(delay_s=0.01, clock=clock),
+        events.append,
+        budget=Budget(duration_s=0.6, cycle_s=0.3),
+        clock=clock,
     )
     outcome = await runner.run()
     assert outcome.reason == "duration"
@@ -321,10 +354,11 @@ async def test_poisson_arrivals_follow_the_absolute_clock() -> None:
 
 
 async def test_open_loop_respects_a_duration() -> None:
-    sender = FakeSender()
+    clock = SimClock()
+    sender = FakeSender(clock=clock)
     pacing = PoissonArrivals(rate=100.0, seed=1)
     outcome = await make_runner(
-        sender, lambda e: None, pacing=pacing, budget=Budget(duration_s=0.3)
+        sender, lambda e: None, pacing=pacing, budget=Budget(duration_s=0.3), clock=clock
     ).run()
     assert outcome.reason == "duration"
     assert 10 < outcome.num_requests < 60  # ~30 expected

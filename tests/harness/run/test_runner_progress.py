@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from harness.record.events import (
@@ -13,7 +14,7 @@ from harness.record.events import (
 )
 from harness.record.finding import Finding, FindingKind, Severity
 from harness.record.observation import Observation
-from harness.run.progress import ProgressDisplay
+from harness.run.progress import OUTSIDE_BUDGET_PHASES, ProgressDisplay
 from tenants.plan import RequestPlan
 
 
@@ -95,3 +96,23 @@ def test_live_display_starts_and_stops_cleanly() -> None:
         display.handle(_finding(1))
     assert "FINDING cross_tenant_canary" in out.getvalue()
     assert "phase probe" in out.getvalue()
+
+
+def test_cache_probe_requests_are_counted_apart_from_the_workload_budget() -> None:
+    from harness.cache_probe.design import PHASE
+
+    out = io.StringIO()
+    with ProgressDisplay(num_requests=4, file=out, live=False, interval_s=3600) as display:
+        for i in range(4):
+            display.handle(PlanRecorded(_plan(i)))
+            display.handle(ObservationRecorded(_obs(i, 200)))
+        display.handle(PhaseStarted(PHASE, 0.0))
+        for i in range(4, 99):
+            display.handle(PlanRecorded(dataclasses.replace(_plan(i), phase=PHASE)))
+            if i < 98:
+                display.handle(ObservationRecorded(_obs(i, 200)))
+    line = display.status_line()
+    assert "4/4 requests" in line  # not 98/4: the probe is not the workload
+    assert "94 cache-probe requests" in line
+    assert "1 in flight" in line
+    assert PHASE in OUTSIDE_BUDGET_PHASES

@@ -1,23 +1,36 @@
-"""TargetClient against httpx.MockTransport: request shapes, SSE parsing, error mapping."""
+"""TargetClient's behaviour: request shapes, SSE parsing, error mapping, bounds, cancellation.
+
+Every test that takes the `target` fixture runs three times: in-process on
+`httpx.MockTransport`, and over real loopback TCP on each client backend
+(`harness.target.http_client.BACKENDS`), the handler served by `handler_server` (its pieces
+written one by one, its pauses kept, its failures turned into stalls and aborted
+connections). Transport errors raised by a handler itself are in-process only; their real
+TCP counterparts are in test_client_tcp.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import handler_server
 import httpx
 import pytest
 
 from canaries.errors import ConfigError
-from harness.target.client import TargetClient
+from harness.target.client import TargetClient, make_http_client
+from harness.target.http_client import BACKENDS
 from tenants.plan import ApiStyle, RequestPlan
 from tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 Handler = Callable[[httpx.Request], Any]
+Target = Callable[..., TargetClient]
+"""`target(handler, **TargetClient options)`: a client whose requests `handler` answers."""
+TCP_TIMEOUT = httpx.Timeout(10.0, read=2.0)
+"""Over TCP: a stalled stream ends in a read timeout after this long."""
 
 
 def make_plan(api: ApiStyle = "chat", **overrides: Any) -> RequestPlan:
@@ -94,9 +107,50 @@ def event_stream(body: Pieces, status: int = 200) -> httpx.Response:
     return httpx.Response(status, headers={"content-type": "text/event-stream"}, stream=body)
 
 
-def target(handler: Handler, **kwargs: Any) -> TargetClient:
+def mock_target(handler: Handler, **kwargs: Any) -> TargetClient:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     return TargetClient(client, kwargs.pop("base_url", "http://target:8000"), model="m", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tcp_server() -> Iterator[handler_server.HandlerServer]:
+    with handler_server.serve() as server:
+        yield server
+
+
+@pytest.fixture(params=["mock", *BACKENDS])
+async def target(
+    request: pytest.FixtureRequest, tcp_server: handler_server.HandlerServer
+) -> AsyncIterator[Target]:
+    """In-process, or over loopback TCP with that backend doing the I/O."""
+    if request.param == "mock":
+        yield mock_target
+        return
+    clients: list[httpx.AsyncClient] = []
+
+    def over_tcp(handler: Handler, **kwargs: Any) -> TargetClient:
+        tcp_server.handler = handler
+        path = httpx.URL(kwargs.pop("base_url", "http://target:8000")).path
+        http = make_http_client(max_concurrency=4, timeout=TCP_TIMEOUT, backend=request.param)
+        clients.append(http)
+        return TargetClient(http, tcp_server.url + path.rstrip("/"), model="m", **kwargs)
+
+    try:
+        yield over_tcp
+    finally:
+        tcp_server.handler = None
+        for http in clients:
+            await http.aclose()
+
+
+async def eventually(condition: Callable[[], bool]) -> bool:
+    """Whether `condition` holds within a few seconds (over TCP the server learns that the
+    client went away a moment after the client returns)."""
+    for _ in range(500):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
 
 
 async def send(client: TargetClient, plan: RequestPlan | None = None, **kwargs: Any) -> Any:
@@ -107,7 +161,7 @@ async def send(client: TargetClient, plan: RequestPlan | None = None, **kwargs: 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
 async def test_request_shape_and_credentials(
-    api: ApiStyle, monkeypatch: pytest.MonkeyPatch
+    api: ApiStyle, monkeypatch: pytest.MonkeyPatch, target: Target
 ) -> None:
     monkeypatch.setenv("KVC_TEST_KEY", "sk-planted-secret")
     monkeypatch.setenv("KVC_ORG", "org-7")
@@ -147,7 +201,7 @@ async def test_request_shape_and_credentials(
         assert "messages" not in body
 
 
-async def test_unset_credential_is_a_config_error_before_sending() -> None:
+async def test_unset_credential_is_a_config_error_before_sending(target: Target) -> None:
     calls: list[httpx.Request] = []
     tenant = Tenant(name="tenant-0", api_key_env="KVC_SURELY_UNSET_VARIABLE")
     client = target(lambda request: calls.append(request))
@@ -163,7 +217,9 @@ def test_bad_base_url_is_a_config_error(url: str) -> None:
 
 
 @pytest.mark.parametrize("piece_size", [1, 2, 7, 61, 10_000])
-async def test_sse_split_anywhere_gives_the_same_observation(piece_size: int) -> None:
+async def test_sse_split_anywhere_gives_the_same_observation(
+    piece_size: int, target: Target
+) -> None:
     body = sse(*STREAM_OBJECTS)
     deltas: list[tuple[str, str]] = []
     client = target(lambda request: event_stream(Pieces(split(body, piece_size))))
@@ -183,7 +239,7 @@ async def test_sse_split_anywhere_gives_the_same_observation(piece_size: int) ->
     assert observation.usage.cached_tokens == 2
 
 
-async def test_timestamps_are_ordered_and_queueing_is_kept_apart() -> None:
+async def test_timestamps_are_ordered_and_queueing_is_kept_apart(target: Target) -> None:
     client = target(lambda request: event_stream(Pieces(split(sse(*STREAM_OBJECTS), 5))))
     scheduled = time.perf_counter_ns() - 5_000_000
     observation = await client.send(make_plan(), TENANT, t_scheduled_ns=scheduled)
@@ -201,7 +257,7 @@ async def test_timestamps_are_ordered_and_queueing_is_kept_apart() -> None:
     )
 
 
-async def test_first_token_is_the_first_event_with_text_not_the_role_chunk() -> None:
+async def test_first_token_is_the_first_event_with_text_not_the_role_chunk(target: Target) -> None:
     role_only = sse(chat_chunk(None, role="assistant"), done=False)
     body = Pieces([role_only, sse(chat_chunk("a", finish="stop"))])
     stamps: list[int] = []
@@ -219,7 +275,9 @@ async def test_first_token_is_the_first_event_with_text_not_the_role_chunk() -> 
     assert observation.t_first_token_ns >= stamps[1]
 
 
-async def test_completions_stream_and_no_done_after_finish_reason_is_complete() -> None:
+async def test_completions_stream_and_no_done_after_finish_reason_is_complete(
+    target: Target,
+) -> None:
     objects = [
         {"choices": [{"text": t, "finish_reason": f}]} for t, f in [("a", None), ("b", "length")]
     ]
@@ -230,7 +288,7 @@ async def test_completions_stream_and_no_done_after_finish_reason_is_complete() 
     assert observation.finish_reason == "length"
 
 
-async def test_stream_without_done_or_finish_reason_is_truncated() -> None:
+async def test_stream_without_done_or_finish_reason_is_truncated(target: Target) -> None:
     body = sse(chat_chunk("a"), chat_chunk("b"), done=False)
     observation = await send(target(lambda request: event_stream(Pieces([body]))))
     assert observation.error_kind == "truncated"
@@ -239,26 +297,38 @@ async def test_stream_without_done_or_finish_reason_is_truncated() -> None:
     assert observation.text == "ab"
 
 
-async def test_disconnect_after_chunks_drops_the_stream() -> None:
+async def test_disconnect_after_chunks_drops_the_stream(target: Target) -> None:
     bodies: list[Pieces] = []
 
+    class Paced(Pieces):
+        """Over TCP a body written at once would sit whole in the socket buffers."""
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            for piece in self.pieces:
+                await asyncio.sleep(1.0 if self.num_served == 0 else 0.02)
+                self.num_served += 1
+                yield piece
+
     def handler(request: httpx.Request) -> httpx.Response:
-        bodies.append(Pieces([sse(chat_chunk(f"c{i} "), done=False) for i in range(50)]))
+        bodies.append(Paced([sse(chat_chunk(f"c{i} "), done=False) for i in range(50)]))
         return event_stream(bodies[-1])
 
     client = target(handler)
     observation = await send(client, make_plan(disconnect_after_chunks=2))
     assert observation.error_kind == "disconnected"
     assert observation.text == "c0 c1 "
-    assert bodies[0].closed
+    assert await eventually(lambda: bodies[0].closed)
     assert bodies[0].num_served < 50
     before_body = await send(client, make_plan(disconnect_after_chunks=0))
     assert before_body.error_kind == "disconnected"
     assert before_body.text == ""
+    assert await eventually(lambda: bodies[1].closed)
     assert bodies[1].num_served == 0
 
 
-async def test_error_object_inside_a_200_stream_is_an_error_in_success_and_keeps_text() -> None:
+async def test_error_object_inside_a_200_stream_is_an_error_in_success_and_keeps_text(
+    target: Target,
+) -> None:
     body = sse(chat_chunk("partial"), {"error": {"message": "boom", "code": 500}})
     observation = await send(target(lambda request: event_stream(Pieces([body]))))
     assert observation.error_kind == "error_in_success"
@@ -267,7 +337,7 @@ async def test_error_object_inside_a_200_stream_is_an_error_in_success_and_keeps
     assert observation.text == "partial"
 
 
-async def test_vllm_error_response_with_http_200_is_an_error_in_success() -> None:
+async def test_vllm_error_response_with_http_200_is_an_error_in_success(target: Target) -> None:
     """vLLM's `ErrorResponse` shape, sent whole with a success status: not an empty answer."""
     error = {
         "object": "error",
@@ -293,14 +363,14 @@ async def test_vllm_error_response_with_http_200_is_an_error_in_success() -> Non
         b'data: {"choices": [], "usage": {"prompt_tokens": "1"}}\n\n',
     ],
 )
-async def test_malformed_events_are_protocol_errors(bad: bytes) -> None:
+async def test_malformed_events_are_protocol_errors(bad: bytes, target: Target) -> None:
     body = sse(chat_chunk("ok "), done=False) + bad + b"data: [DONE]\n\n"
     observation = await send(target(lambda request: event_stream(Pieces([body]))))
     assert observation.error_kind == "protocol"
     assert observation.text == "ok "
 
 
-async def test_http_status_keeps_a_bounded_error_body() -> None:
+async def test_http_status_keeps_a_bounded_error_body(target: Target) -> None:
     big = b'{"error": {"message": "too long' + b"!" * 200_000 + b'"}}'
     response = httpx.Response(400, headers={"content-type": "application/json"}, content=big)
     observation = await send(target(lambda request: response, max_response_bytes=4096))
@@ -311,7 +381,7 @@ async def test_http_status_keeps_a_bounded_error_body() -> None:
     assert len(observation.error) <= 2000 + len("HTTP 400: ")
 
 
-async def test_non_streaming_mode_and_json_answer_to_a_stream_request() -> None:
+async def test_non_streaming_mode_and_json_answer_to_a_stream_request(target: Target) -> None:
     answer: dict[str, Any] = {
         "choices": [{"message": {"content": "whole answer"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
@@ -338,7 +408,7 @@ async def test_non_streaming_mode_and_json_answer_to_a_stream_request() -> None:
     assert observation.error_kind == "protocol"
 
 
-async def test_body_bound_gives_too_large_with_bounded_text() -> None:
+async def test_body_bound_gives_too_large_with_bounded_text(target: Target) -> None:
     pieces = [sse(chat_chunk("x" * 1000), done=False) for _ in range(100)]
     observation = await send(
         target(lambda request: event_stream(Pieces(pieces)), max_response_bytes=20_000)
@@ -361,7 +431,7 @@ async def test_transport_errors_before_a_response(exc: Exception, kind: str) -> 
     def handler(request: httpx.Request) -> httpx.Response:
         raise exc
 
-    observation = await send(target(handler))
+    observation = await send(mock_target(handler))
     assert observation.error_kind == kind
     assert observation.status is None
     assert observation.t_first_byte_ns is None
@@ -375,7 +445,7 @@ async def test_transport_errors_before_a_response(exc: Exception, kind: str) -> 
         (httpx.ReadError("reset"), "truncated"),
     ],
 )
-async def test_transport_errors_mid_stream(exc: Exception, kind: str) -> None:
+async def test_transport_errors_mid_stream(exc: Exception, kind: str, target: Target) -> None:
     class Failing(Pieces):
         async def __aiter__(self) -> AsyncIterator[bytes]:
             yield sse(chat_chunk("partial"), done=False)
@@ -387,40 +457,40 @@ async def test_transport_errors_mid_stream(exc: Exception, kind: str) -> None:
     assert observation.text == "partial"
 
 
-async def test_cancellation_propagates() -> None:
-    started = asyncio.Event()
+async def test_cancellation_propagates(target: Target) -> None:
+    started = asyncio.Event()  # set by the client, on the text of the first event
 
     class Endless(Pieces):
         async def __aiter__(self) -> AsyncIterator[bytes]:
             yield sse(chat_chunk("a"), done=False)
-            started.set()
             await asyncio.Event().wait()
             yield b""  # pragma: no cover
 
     body = Endless([])
-    task = asyncio.create_task(send(target(lambda request: event_stream(body))))
+    client = target(lambda request: event_stream(body))
+    task = asyncio.create_task(send(client, on_text=lambda *delta: started.set()))
     await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert body.closed
+    assert await eventually(lambda: body.closed)
 
 
-async def test_deadline_bounds_a_whole_request() -> None:
+async def test_deadline_bounds_a_whole_request(target: Target) -> None:
     class Trickle(Pieces):
         async def __aiter__(self) -> AsyncIterator[bytes]:
             for i in range(1000):
-                await asyncio.sleep(0.01)
                 yield sse(chat_chunk(f"{i} "), done=False)
+                await asyncio.sleep(0.01)
 
     body = Trickle([])
-    observation = await send(target(lambda request: event_stream(body), deadline_s=0.1))
+    observation = await send(target(lambda request: event_stream(body), deadline_s=0.3))
     assert observation.error_kind == "timeout"
     assert observation.text.startswith("0 ")
-    assert body.closed
+    assert await eventually(lambda: body.closed)
 
 
-async def test_detector_errors_are_not_swallowed() -> None:
+async def test_detector_errors_are_not_swallowed(target: Target) -> None:
     def detector(delta: str, field: str = "content") -> None:
         raise ZeroDivisionError("detector bug")
 

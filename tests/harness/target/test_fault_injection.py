@@ -42,6 +42,10 @@ HEAP_BOUND = 48 * 1024 * 1024
 TIMEOUT = httpx.Timeout(5.0, read=1.0)
 DEADLINE_S = 2.0
 DISCOVERY_TIMEOUT_S = 1.0
+"""Short bounds, for the faults that never answer (the timeout kinds, the hangs)."""
+ANSWER_TIMEOUT = httpx.Timeout(60.0)
+ANSWER_DEADLINE_S = 60.0
+"""For every other fault: a loaded machine must never turn its answer into a timeout."""
 
 # fault -> the error kind its observation must carry (None: a clean observation), bounded heap
 COMPLETION_FAULTS: list[tuple[str, ErrorKind | None, bool]] = [
@@ -125,10 +129,16 @@ class HeapPeak:
 async def test_every_completion_fault_ends_in_a_journaled_observation(
     url: str, fault: str, kind: ErrorKind | None, bounded: bool, backend: Backend
 ) -> None:
+    hangs = kind == "timeout"
     with HeapPeak(bounded) as heap:
-        async with make_http_client(timeout=TIMEOUT, backend=backend) as http:
+        timeout = TIMEOUT if hangs else ANSWER_TIMEOUT
+        async with make_http_client(timeout=timeout, backend=backend) as http:
             client = TargetClient(
-                http, f"{url}/{fault}", model="m", max_response_bytes=CAP, deadline_s=DEADLINE_S
+                http,
+                f"{url}/{fault}",
+                model="m",
+                max_response_bytes=CAP,
+                deadline_s=DEADLINE_S if hangs else ANSWER_DEADLINE_S,
             )
             observation = await client.send(
                 plan(), Tenant(name="tenant-0"), t_scheduled_ns=time.perf_counter_ns()
@@ -168,7 +178,9 @@ async def test_every_discovery_fault_is_a_recorded_attempt(
 ) -> None:
     with HeapPeak(bounded) as heap:
         async with make_http_client(timeout=httpx.Timeout(300.0), backend=backend) as http:
-            facts = await read_engine_facts(http, f"{url}/{fault}", timeout_s=DISCOVERY_TIMEOUT_S)
+            hangs = fault.endswith("_hang")
+            timeout_s = DISCOVERY_TIMEOUT_S if hangs else ANSWER_DEADLINE_S
+            facts = await read_engine_facts(http, f"{url}/{fault}", timeout_s=timeout_s)
     attempt = next(a for a in facts.attempts if a.url.endswith(path))
     assert attempt.error is not None
     assert any(word in attempt.error for word in error.split("|")), attempt.describe()
@@ -184,7 +196,7 @@ async def test_every_discovery_fault_is_a_recorded_attempt(
 async def test_a_lone_surrogate_in_a_model_name_is_replaced(url: str, backend: Backend) -> None:
     async with make_http_client(backend=backend) as http:
         facts = await read_engine_facts(
-            http, f"{url}/models_surrogate", timeout_s=DISCOVERY_TIMEOUT_S
+            http, f"{url}/models_surrogate", timeout_s=ANSWER_DEADLINE_S
         )
     assert facts.model == "m\ufffd"
     assert facts.context_tokens == 4096
@@ -252,7 +264,7 @@ async def test_one_off_requests_read_hostile_answers_bounded(
     """Calibration reads one non-streamed answer: a bomb or a huge body is cut at 1 MiB and
     becomes the usual one-line `ConfigError` (the run then goes on without the offset)."""
     with HeapPeak(True) as heap:
-        async with make_http_client(timeout=TIMEOUT, backend=backend) as http:
+        async with make_http_client(timeout=ANSWER_TIMEOUT, backend=backend) as http:
             with pytest.raises(ConfigError, match="calibration request") as raised:
                 await measure_prompt_token_offset(
                     http, f"{url}/{fault}", "m", "completions", WordTokenizer(), Tenant("t")

@@ -22,7 +22,10 @@ from tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 MAX_BYTES = 1024 * 1024
-READ_TIMEOUT = httpx.Timeout(5.0, read=0.5)
+READ_TIMEOUT = httpx.Timeout(30.0)
+"""Generous: only the cases about timeouts set a short deadline of their own, so a loaded
+machine never turns a slow answer into a timeout."""
+ANSWER_DEADLINE_S = 60.0
 ASGI_ROOT = "http://in-process"
 
 
@@ -48,8 +51,9 @@ def live_url() -> Iterator[str]:
         yield url
 
 
-def tcp_client(backend: Backend, read_s: float = 0.5) -> httpx.AsyncClient:
-    return make_http_client(timeout=httpx.Timeout(5.0, read=read_s), backend=backend)
+def tcp_client(backend: Backend, read_s: float = 30.0) -> httpx.AsyncClient:
+    """Reads time out only where a test asks for a short `read_s` (a hang it is about)."""
+    return make_http_client(timeout=httpx.Timeout(30.0, read=read_s), backend=backend)
 
 
 @pytest.fixture(params=["asgi", "uvicorn", "uvicorn-aiohttp"])
@@ -71,7 +75,7 @@ async def observe(
 ) -> Observation:
     client, root = http
     kw.setdefault("max_response_bytes", MAX_BYTES)
-    kw.setdefault("deadline_s", 5.0)
+    kw.setdefault("deadline_s", ANSWER_DEADLINE_S)
     target = TargetClient(client, f"{root}/{behaviour}", model="m", **kw)
     return await target.send(plan or make_plan(), TENANT, t_scheduled_ns=time.perf_counter_ns())
 
@@ -112,7 +116,8 @@ async def test_misbehaviour_becomes_an_error_kind(
 ) -> None:
     # asgi buffers whole bodies and ignores httpx timeouts: only the deadline ends a hang,
     # and a body that never ends is never seen at all
-    observation = await observe(http, behaviour, deadline_s=0.5)
+    deadline_s = 0.5 if kind == "timeout" else ANSWER_DEADLINE_S
+    observation = await observe(http, behaviour, deadline_s=deadline_s)
     assert observation.error_kind == kind, observation.error
     buffered_hang = behaviour == "hang_mid_stream" and http[1] == ASGI_ROOT
     assert observation.text == ("" if buffered_hang else text)
@@ -179,17 +184,21 @@ async def test_connection_refused_is_connect(backend: Backend) -> None:
 
 
 async def test_slow_trickle_within_read_timeout_completes(live_url: str, backend: Backend) -> None:
-    # each gap (TRICKLE_DELAY_S) is far below the read timeout: a per-read timeout never fires
-    async with tcp_client(backend) as client:
-        observation = await observe((client, live_url), "trickle", make_plan(max_tokens=12))
+    # each gap (TRICKLE_DELAY_S) is far below the read timeout, the whole stream far below
+    # the deadline: a per-read timeout never fires, however loaded the machine
+    async with tcp_client(backend, read_s=2.0) as client:
+        observation = await observe(
+            (client, live_url), "trickle", make_plan(max_tokens=12), deadline_s=60.0
+        )
     assert observation.ok, observation.error
     assert observation.num_chunks == 12
 
 
 async def test_slow_trickle_past_the_deadline_times_out(live_url: str, backend: Backend) -> None:
-    async with tcp_client(backend) as client:
+    # 1000 chunks take 50 s at least; the first comes TRICKLE_DELAY_S after the headers
+    async with tcp_client(backend, read_s=2.0) as client:
         observation = await observe(
-            (client, live_url), "trickle", make_plan(max_tokens=1000), deadline_s=0.4
+            (client, live_url), "trickle", make_plan(max_tokens=1000), deadline_s=1.0
         )
     assert observation.error_kind == "timeout"
     assert 0 < observation.num_chunks < 1000
