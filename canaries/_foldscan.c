@@ -19,10 +19,14 @@
  * Pure C over the str's code units plus a 64 Ki-entry table: the tests compare it with
  * fold_bytes and the shape search on random texts.
  */
+#define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
 #include <structmember.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define WORD_LENGTH 6
 #define HARMFUL 0x7f
@@ -188,6 +192,78 @@ is_separator_at(PyObject *text, const unsigned char *lowered, Py_ssize_t i)
     return code < 0x80 && class_of[code] == SEPARATOR;
 }
 
+/* The first occurrence of needle in text at or after from, -1 if none, -2 on error:
+ * SSE2 compares of its first and last code units, then memmem over the code units (both
+ * in text's kind; a match must start on a code unit): faster than str.find's search for
+ * a needle of a few characters. */
+static Py_ssize_t
+find_needle(PyObject *text, PyObject *needle, Py_ssize_t from)
+{
+    int kind = PyUnicode_KIND(text);
+    Py_ssize_t size = PyUnicode_GET_LENGTH(text), count = PyUnicode_GET_LENGTH(needle);
+    if (PyUnicode_KIND(needle) > kind || count == 0 || count > 16)
+        return PyUnicode_Find(text, needle, from, size, 1);
+    unsigned char pattern[16 * 4];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_UCS4 code = PyUnicode_READ_CHAR(needle, i);
+        if (kind == PyUnicode_1BYTE_KIND)
+            pattern[i] = (unsigned char)code;
+        else if (kind == PyUnicode_2BYTE_KIND)
+            ((Py_UCS2 *)pattern)[i] = (Py_UCS2)code;
+        else
+            ((Py_UCS4 *)pattern)[i] = code;
+    }
+    const char *data = PyUnicode_DATA(text);
+#ifdef __SSE2__
+    /* Where the first and the last code unit of the needle both match, 16 or 8 positions
+     * at a time (x86-64 always has SSE2); memmem for the rest and for 4-byte kinds. */
+    if (kind == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *units = (const Py_UCS1 *)data;
+        __m128i first = _mm_set1_epi8((char)pattern[0]);
+        __m128i last = _mm_set1_epi8((char)pattern[count - 1]);
+        for (; from + count - 1 + 16 <= size; from += 16) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(units + from));
+            __m128i b = _mm_loadu_si128((const __m128i *)(units + from + count - 1));
+            unsigned int mask = _mm_movemask_epi8(
+                _mm_and_si128(_mm_cmpeq_epi8(a, first), _mm_cmpeq_epi8(b, last)));
+            while (mask) {
+                int bit = __builtin_ctz(mask);
+                if (memcmp(units + from + bit, pattern, count) == 0)
+                    return from + bit;
+                mask &= mask - 1;
+            }
+        }
+    }
+    else if (kind == PyUnicode_2BYTE_KIND) {
+        const Py_UCS2 *units = (const Py_UCS2 *)data;
+        __m128i first = _mm_set1_epi16((short)((Py_UCS2 *)pattern)[0]);
+        __m128i last = _mm_set1_epi16((short)((Py_UCS2 *)pattern)[count - 1]);
+        for (; from + count - 1 + 8 <= size; from += 8) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(units + from));
+            __m128i b = _mm_loadu_si128((const __m128i *)(units + from + count - 1));
+            unsigned int mask = _mm_movemask_epi8(
+                _mm_and_si128(_mm_cmpeq_epi16(a, first), _mm_cmpeq_epi16(b, last)));
+            while (mask) {
+                int bit = __builtin_ctz(mask); /* two mask bits per code unit */
+                if (memcmp(units + from + bit / 2, pattern, count * 2) == 0)
+                    return from + bit / 2;
+                mask &= ~(3u << bit);
+            }
+        }
+    }
+#endif
+    const char *at = data + from * kind, *stop = data + size * kind;
+    while (at < stop) {
+        const char *found = memmem(at, stop - at, pattern, count * kind);
+        if (found == NULL)
+            return -1;
+        if ((found - data) % kind == 0)
+            return (found - data) / kind;
+        at = found + 1;
+    }
+    return -1;
+}
+
 static PyObject *
 resolve_tags(PyObject *module, PyObject *args)
 {
@@ -217,7 +293,7 @@ resolve_tags(PyObject *module, PyObject *args)
     for (;;) {
         Py_ssize_t p;
         if (tags == Py_None) {
-            p = PyUnicode_Find(text, needle, from, size, 1);
+            p = find_needle(text, needle, from);
             if (p == -2)
                 goto error;
             if (p < 0)
@@ -274,7 +350,8 @@ error:
  * [hit_type(c, base + s, base + s + length, layer, c, origins[c], o) for c, s, o in
  * zip(canaries, starts, owners)], made as canaries.hit.hits_from_columns makes them
  * (allocated, then each slot stored; no __init__), with the cyclic collector paused for
- * the burst. hit_type must be a class whose __slots__ are exactly those seven fields. */
+ * the burst, and left untracked by it (below). hit_type must be a class whose __slots__
+ * are exactly those seven fields. */
 static const char *hit_fields[] = {"text", "start", "end", "layer", "canary", "origin", "owner"};
 #define NUM_FIELDS 7
 
@@ -343,6 +420,11 @@ exact_hits(PyObject *module, PyObject *args)
                 Py_INCREF(values[f]);
             *(PyObject **)((char *)hit + offsets[f]) = values[f];
         }
+        /* Untracked, as CPython untracks a tuple of atoms: a hit is new (nothing refers
+         * to it but the list) and frozen, so it can join a reference cycle only if its
+         * owner or origin is mutated to refer back to it. 10^5 hits then cost the
+         * collector nothing. */
+        PyObject_GC_UnTrack(hit);
         PyList_SET_ITEM(hits, i, hit);
     }
     if (was_enabled)
@@ -355,12 +437,52 @@ error:
     return NULL;
 }
 
+/* outside(windows, starts, length, width) -> the windows [p, p + width) that overlap no
+ * exact canary [s, s + length): both lists in order, the canaries not overlapping each
+ * other (canaries.scanner_fast._outside, as one merge walk). */
+static PyObject *
+outside(PyObject *module, PyObject *args)
+{
+    PyObject *windows, *starts;
+    Py_ssize_t length, width;
+    if (!PyArg_ParseTuple(args, "O!O!nn:outside", &PyList_Type, &windows, &PyList_Type, &starts,
+                          &length, &width))
+        return NULL;
+    PyObject *kept = PyList_New(0);
+    if (kept == NULL)
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(starts), next = 0, last_end = PY_SSIZE_T_MIN;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(windows); i++) {
+        PyObject *item = PyList_GET_ITEM(windows, i);
+        Py_ssize_t begin = PyLong_AsSsize_t(item);
+        if (begin == -1 && PyErr_Occurred())
+            goto error;
+        while (next < count) { /* the canaries starting before this window's end */
+            Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, next));
+            if (start == -1 && PyErr_Occurred())
+                goto error;
+            if (start >= begin + width)
+                break;
+            last_end = start + length;
+            next++;
+        }
+        if (last_end <= begin && PyList_Append(kept, item) < 0)
+            goto error;
+    }
+    return kept;
+error:
+    Py_DECREF(kept);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"fold_scan", fold_scan, METH_VARARGS,
      "fold_scan(text, k, fold) -> (lowered, windows, tags) | None: see canaries/_foldscan.c."},
     {"resolve_tags", resolve_tags, METH_VARARGS,
      "resolve_tags(text, tags, length, live, lowered, needle) -> (starts, canaries, owners, "
      "seeds): see canaries/_foldscan.c."},
+    {"outside", outside, METH_VARARGS,
+     "outside(windows, starts, length, width) -> kept windows: see canaries/_foldscan.c."},
     {"exact_hits", exact_hits, METH_VARARGS,
      "exact_hits(hit_type, canaries, starts, base, length, layer, origins, owners) -> hits: "
      "see canaries/_foldscan.c."},

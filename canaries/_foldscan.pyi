@@ -33,3 +33,6 @@ def exact_hits(
     /,
 ) -> list[_H]:
     """The exact hits of canaries at starts, made slot by slot (see canaries/_foldscan.c)."""
+
+def outside(windows: list[int], starts: list[int], length: int, width: int, /) -> list[int]:
+    """The windows [p, p + width) overlapping no [s, s + length) (see canaries/_foldscan.c)."""

@@ -133,6 +133,7 @@ built; `find` and `find_exact` give the same hits either way."""
 
 if CORE is not None:
     from canaries._foldscan import exact_hits as _c_exact_hits
+    from canaries._foldscan import outside as _c_outside
     from canaries._foldscan import resolve_tags as _c_resolve_tags
 
 
@@ -162,7 +163,7 @@ def find(index: CanaryIndex, buffer: str, base: int, after: int, until: int) -> 
             windows = fragment_windows(lowered, k)
         width = (WORD_LENGTH + 1) * k + 1
         if starts and windows:  # a window touching an exact canary is moot
-            windows = _outside(windows, starts, length, width)
+            windows = (_c_outside if CORE is not None else _outside)(windows, starts, length, width)
         fragments = index._fragments
         for position in windows:  # not a live k-gram: no fragment candidate in the oracle
             key = lowered[position + 1 : position + width - 1]
@@ -329,10 +330,15 @@ def _exact_hits(
     if not starts:
         return []
     if CORE is not None:
-        index._live_origins(canaries, listed=False)
-        hits: list[Hit] = _c_exact_hits(
-            Hit, canaries, starts, base, length, "exact", index._origins, owners
-        )
+        try:  # the origins are known after a canary's first hit: look them up in C
+            hits: list[Hit] = _c_exact_hits(
+                Hit, canaries, starts, base, length, "exact", index._origins, owners
+            )
+        except KeyError:  # some are not: decode them, then make the hits
+            index._live_origins(canaries, listed=False)
+            hits = _c_exact_hits(
+                Hit, canaries, starts, base, length, "exact", index._origins, owners
+            )
         return hits
     begin = np.array(starts, np.int64) + base
     return hits_from_columns(

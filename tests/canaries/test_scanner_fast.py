@@ -122,17 +122,23 @@ def scan_exact(index: CanaryIndex, text: str, cuts: Sequence[int], block: int) -
     return hits + scanner.finish()
 
 
+@pytest.mark.parametrize("core", CORES)
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_the_exact_layer_alone_reports_exactly_the_oracles_exact_hits(
-    data: st.DataObject, index: CanaryIndex, live: list[str], other_minter: CanaryMinter
+    core: str,
+    data: st.DataObject,
+    index: CanaryIndex,
+    live: list[str],
+    other_minter: CanaryMinter,
 ) -> None:
     foreign = other_minter.mint_many(0, 1, range(4))
     text = "".join(data.draw(st.lists(pieces(live, foreign), max_size=30)))
     cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
     block = data.draw(st.sampled_from([1, 7, 64, 1000, 1 << 15]))
     oracle = [hit for hit in scan(index, text, cuts, block, ref=True) if hit.layer == "exact"]
-    assert scan_exact(index, text, cuts, block) == oracle
+    with using(core):
+        assert scan_exact(index, text, cuts, block) == oracle
 
 
 def test_the_exact_layer_alone_resolves_unclear_candidates_with_the_oracle(
@@ -260,3 +266,59 @@ def test_the_compiled_core_finds_no_windows_for_k_below_one_and_long_ones_for_la
     assert COMPILED(text, 1, scanner_fast._fold_code) == (lowered, [3, 10], [0])
     assert COMPILED(text, 2, scanner_fast._fold_code) == (lowered, [3], [0])
     assert COMPILED(text, 3, scanner_fast._fold_code) == (lowered, [], [0])
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(
+        st.one_of(
+            st.text(CHARS, max_size=20),
+            st.sampled_from(["ydk ", "ydk", "yydk  ", " dk ", "\u201cydk ", "\U0001f600ydk "]),
+        ),
+        max_size=40,
+    )
+)
+def test_the_compiled_core_finds_every_raw_tag_in_any_kind_of_str(words: list[str]) -> None:
+    from canaries._foldscan import resolve_tags
+
+    text = "".join(words)
+    every, position = [], text.find("ydk ")
+    while position >= 0:
+        every.append(position)
+        position = text.find("ydk ", position + 1)
+    assert resolve_tags(text, None, 10, {}, None, "ydk ") == ([], [], [], every)  # none live
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+def test_the_compiled_core_finds_raw_tags_close_together_at_every_alignment() -> None:
+    from canaries._foldscan import resolve_tags
+
+    for kind in ("", "\u201c", "\U0001f600"):  # 1-, 2- and 4-byte strs
+        for offset in range(40):
+            text = kind + "x" * offset + "ydk ydk yxk ydk y k ydk" + " ydk " * 9 + "ydk "
+            every, position = [], text.find("ydk ")
+            while position >= 0:
+                every.append(position)
+                position = text.find("ydk ", position + 1)
+            assert resolve_tags(text, None, 10, {}, None, "ydk ")[3] == every
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+@settings(max_examples=300, deadline=None)
+@given(
+    windows=st.lists(st.integers(0, 400), unique=True).map(sorted),
+    gaps=st.lists(st.integers(0, 60), max_size=12),
+    width=st.integers(1, 50),
+)
+def test_the_compiled_core_drops_the_windows_touching_a_canary_as_numpy_does(
+    windows: list[int], gaps: list[int], width: int
+) -> None:
+    from canaries._foldscan import outside
+
+    starts, end = [], 0
+    for gap in gaps:  # canaries of 20 characters, apart
+        starts.append(end + gap)
+        end = starts[-1] + 20
+    expected = scanner_fast._outside(windows, starts, 20, width) if starts and windows else windows
+    assert outside(windows, starts, 20, width) == expected

@@ -197,6 +197,7 @@ async def drop_a_large_request_mid_write(canaries: Canaries, fixes: frozenset[st
     return "".join(text)
 
 
+@pytest.mark.timing
 async def test_a_late_write_lands_in_the_next_owners_pages(canaries: Canaries) -> None:
     text = await drop_a_large_request_mid_write(canaries, frozenset())
     assert canaries.foreign(text, "B") == {"A"}

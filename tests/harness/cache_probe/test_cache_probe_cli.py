@@ -12,6 +12,7 @@ from harness.cli import main
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timing
 def test_the_probe_phase_finds_the_bundled_engines_shared_cache(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

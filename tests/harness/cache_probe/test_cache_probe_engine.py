@@ -59,6 +59,7 @@ async def probe_engine(
         return await run_cache_probe(client, tenants, load_tokenizer("cl100k_base"), SETTINGS)
 
 
+@pytest.mark.timing
 async def test_an_unsalted_cache_is_found_below_alpha_within_the_default_sample_size(
     tenants: list[Tenant],
 ) -> None:
@@ -76,6 +77,7 @@ async def test_an_unsalted_cache_is_found_below_alpha_within_the_default_sample_
     assert len(result.findings) == 4  # both pairs, unsalted and with the owner's salt
 
 
+@pytest.mark.timing
 async def test_a_credential_derived_salt_is_not_found_and_the_positive_control_passes(
     tenants: list[Tenant],
 ) -> None:

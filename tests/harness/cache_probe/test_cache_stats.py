@@ -160,6 +160,25 @@ def test_identical_arms_never_make_a_finding() -> None:
         assert findings_of(result, {}) == []
 
 
+def test_a_significant_sliver_of_speed_is_no_cache_hit() -> None:
+    """On a target with almost no jitter a re-sent text's incidental warmth (0.2 % here) is
+    significant to the rank tests; without the minimum saving it would be a leak."""
+    rng = np.random.default_rng(RNG_SEED + 9)
+    miss = ArmSample(tuple(ttfts(100.0, 20, rng, cv=1e-4)))
+    warm = ArmSample(tuple(ttfts(99.8, 20, rng, cv=1e-4)))
+    cross = ArmPair("cross_tenant", "a", "b", warm, miss)
+    positive = ArmPair("same_tenant", "*", "*", warm, miss)
+
+    result = assess(positive, [cross], shared_tokens=896)
+
+    assert result.positive_control.significant  # the rank tests see it ...
+    assert result.contrasts[0].significant
+    assert not result.contrasts[0].timing_hit  # ... but it is no cache
+    assert result.verdict == "inconclusive"
+    assert "saving under 5% of the miss median" in result.reasons[0]
+    assert findings_of(result, {}) == []
+
+
 def test_ground_truth_alone_can_show_the_cache_and_agreement_is_reported() -> None:
     rng = np.random.default_rng(RNG_SEED + 7)
     miss = arm(100, rng, 0)

@@ -44,6 +44,7 @@ def records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.timing
 def test_over_pool_probes_under_a_cpu_hog_are_flagged_or_not_judged(
     tmp_path: Path, cpu_hog: None
 ) -> None:

@@ -66,6 +66,7 @@ def run_suite(pytester: pytest.Pytester, preset: str) -> pytest.RunResult:
     )
 
 
+@pytest.mark.timing
 def test_the_vulnerable_engine_fails_the_incident_checks_readably(
     pytester: pytest.Pytester,
 ) -> None:

@@ -32,6 +32,7 @@ def summary(out: Path) -> dict[str, Any]:
     return loaded
 
 
+@pytest.mark.timing
 def test_the_readme_command_finds_the_leak(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -259,6 +259,7 @@ def test_patched_control_refuses_the_incidents_probes_and_stays_clean(tmp_path: 
 
 
 @pytest.mark.timeout(900)  # 14 s idle, 1.5-2.5 min at 4 burners, past 300 s at load 16
+@pytest.mark.timing
 def test_mid_transfer_abort_reproduces_from_requests_dropped_before_their_first_byte(
     tmp_path: Path,
 ) -> None:

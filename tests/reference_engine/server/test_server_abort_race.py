@@ -164,6 +164,7 @@ MATRIX = {
 column, measured here)."""
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("fix", list(MATRIX))
 async def test_the_abort_race_over_http_with_each_fix_alone(fix: str) -> None:
     r, a = await drop_a_mid_transfer_then_ask_b(fix)
