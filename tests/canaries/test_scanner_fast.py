@@ -85,8 +85,15 @@ def pieces(live: list[str], foreign: list[str]) -> st.SearchStrategy[str]:
     )
 
 
-def scan(index: CanaryIndex, text: str, cuts: Sequence[int], block: int, ref: bool) -> list[Hit]:
-    scanner = index.scanner(scan_block=block, reference=ref)
+def scan(
+    index: CanaryIndex,
+    text: str,
+    cuts: Sequence[int],
+    block: int,
+    ref: bool,
+    exact_only: bool = False,
+) -> list[Hit]:
+    scanner = index.scanner(scan_block=block, reference=ref, exact_only=exact_only)
     hits, previous = [], 0
     for cut in [*sorted(cuts), len(text)]:
         hits += scanner.feed(text[previous:cut])
@@ -113,15 +120,6 @@ def test_fast_path_reports_exactly_the_oracles_hits(
     assert fast == scan(index, text, cuts, block, ref=True)
 
 
-def scan_exact(index: CanaryIndex, text: str, cuts: Sequence[int], block: int) -> list[Hit]:
-    scanner = index.scanner(scan_block=block, exact_only=True)
-    hits, previous = [], 0
-    for cut in [*sorted(cuts), len(text)]:
-        hits += scanner.feed(text[previous:cut])
-        previous = cut
-    return hits + scanner.finish()
-
-
 @pytest.mark.parametrize("core", CORES)
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
@@ -138,7 +136,7 @@ def test_the_exact_layer_alone_reports_exactly_the_oracles_exact_hits(
     block = data.draw(st.sampled_from([1, 7, 64, 1000, 1 << 15]))
     oracle = [hit for hit in scan(index, text, cuts, block, ref=True) if hit.layer == "exact"]
     with using(core):
-        assert scan_exact(index, text, cuts, block) == oracle
+        assert scan(index, text, cuts, block, ref=False, exact_only=True) == oracle
 
 
 def test_the_exact_layer_alone_resolves_unclear_candidates_with_the_oracle(
@@ -149,7 +147,7 @@ def test_the_exact_layer_alone_resolves_unclear_candidates_with_the_oracle(
         f"{live[0]}. \u201c{live[1]}\u201d x{live[2]} {live[3]}\u200b {foreign} "
         f"{live[4].upper()} {live[5]}-{live[6]}"
     )
-    hits = scan_exact(index, text, [], 1 << 15)
+    hits = scan(index, text, [], 1 << 15, ref=False, exact_only=True)
     assert hits == [h for h in scan(index, text, [], 1 << 15, ref=True) if h.layer == "exact"]
     assert [h.canary for h in hits] == [live[0], live[1], live[3], foreign, live[5], live[6]]
     assert [h.owner for h in hits] == [ALICE] * 3 + [None, ALICE, ALICE]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
 from reference_engine.config import EngineConfig
 from reference_engine.engine import DisaggregatedEngine
 
@@ -50,3 +52,35 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
             return
         await asyncio.sleep(0.001)
     raise AssertionError("condition not reached in time")
+
+
+README = Path(__file__).parents[2] / "README.md"
+MATRIX_HEADER = "| fix alone | over-pool prompt | abort mid-transfer |"
+MATRIX_COLUMNS = ("over-pool", "abort")
+
+
+def readme_matrix_cell(row: str, column: str) -> str:
+    """README's bug x fix table: the `column` ("over-pool" or "abort") cell of fix `row`
+    ("" for the row without a fix)."""
+    lines = README.read_text().splitlines()
+    start = lines.index(MATRIX_HEADER) + 2
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        name, *cells = (c.strip() for c in line.strip("|").split("|"))
+        if ("" if name == "none" else name.split()[0].strip("`")) == row:
+            return cells[MATRIX_COLUMNS.index(column)]
+    raise AssertionError(f"README's matrix has no row for {row or 'none'!r}")
+
+
+def laced_prompt(minter: CanaryMinter, tenant: int, num_tokens: int) -> BuiltPrompt:
+    """A cl100k prompt of exactly `num_tokens` tokens laced with `tenant`'s canaries."""
+    tokenizer = load_tokenizer("cl100k_base")
+    return build_prompt(tokenizer, minter, tenant=tenant, request=0, num_tokens=num_tokens)
+
+
+def canaries_of(minter: CanaryMinter, text: str, built: BuiltPrompt) -> int:
+    """How many of `built`'s canaries `text` holds, exact, normalised or as fragments."""
+    index = CanaryIndex(minter)
+    index.add_many((span.text, Owner("tenant", "request")) for span in built.canaries)
+    return len({hit.canary for hit in index.scan(text) if hit.owner is not None})

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from quiet_content import QuietContent
 
-from canaries import Hit
 from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
 from harness.record.events import Event, FindingRecorded, Limits, RunFinished
@@ -46,25 +46,6 @@ def plans(intent: Intent) -> Iterator[RequestPlan]:
             api="completions",
             prompt="",
         )
-
-
-class Scan:
-    def __init__(self) -> None:
-        self.hits: list[Hit] = []
-
-    def feed(self, chunk: str, field: str = "content") -> list[Finding]:
-        return []
-
-    def own_echo_event(self, t_wall: float) -> None:
-        return None
-
-    def finish(self, obs: Observation) -> list[Finding]:
-        return []
-
-
-class Content:
-    def start(self, plan: RequestPlan) -> Scan:
-        return Scan()
 
 
 class AcceptsEverything:
@@ -114,7 +95,7 @@ def run(sender: AcceptsEverything, num_requests: int = 20) -> list[Event]:
         tenants=TENANTS,
         workload=Workload({"victim": plans("victim"), "probe": plans("probe")}, phases),
         index=FakeIndex(),
-        detectors=Detectors(Content(), ProtocolDetector(LIMITS), TimingDetector()),
+        detectors=Detectors(QuietContent(), ProtocolDetector(LIMITS), TimingDetector()),
         emit=events.append,
         pacing=ClosedLoop(1),
         budget=Budget(num_requests=num_requests),

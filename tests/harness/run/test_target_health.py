@@ -7,7 +7,9 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from canaries import Hit, Owner
+from quiet_content import QuietContent
+
+from canaries import Owner
 from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
 from harness.record.events import (
@@ -19,7 +21,6 @@ from harness.record.events import (
     from_record,
     to_record,
 )
-from harness.record.finding import Finding
 from harness.record.observation import ErrorKind, Observation
 from harness.run.arrivals import ClosedLoop
 from harness.run.health import HealthTracker
@@ -128,25 +129,6 @@ class DyingSender:
         )
 
 
-class _Scan:
-    def __init__(self) -> None:
-        self.hits: list[Hit] = []
-
-    def feed(self, chunk: str, field: str = "content") -> list[Finding]:
-        return []
-
-    def own_echo_event(self, t_wall: float) -> None:
-        return None
-
-    def finish(self, obs: Observation) -> list[Finding]:
-        return []
-
-
-class _Content:
-    def start(self, plan: RequestPlan) -> _Scan:
-        return _Scan()
-
-
 class _Index:
     max_live = 1 << 20
 
@@ -186,7 +168,7 @@ async def test_a_target_whose_worker_dies_mid_run_is_declared_unhealthy() -> Non
         tenants={TENANT.name: TENANT},
         workload=Workload(streams, (Phase("fill", 1.0, {"victim": 1.0}),)),
         index=_Index(),
-        detectors=Detectors(_Content(), ProtocolDetector(LIMITS), TimingDetector()),
+        detectors=Detectors(QuietContent(), ProtocolDetector(LIMITS), TimingDetector()),
         emit=events.append,
         pacing=ClosedLoop(1),
         budget=Budget(num_requests=20),

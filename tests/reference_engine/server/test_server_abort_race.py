@@ -19,20 +19,18 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import TINY_MODEL
+from engine_helpers import TINY_MODEL, canaries_of, laced_prompt, readme_matrix_cell
 
-from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
+from canaries import BuiltPrompt, CanaryMinter
 from reference_engine.decode import HEAD_AFTER_COMMIT
 from reference_engine.server.app import build_app
 from reference_engine.server.asgi_transport import StreamingASGITransport
 from reference_engine.server.launch import make_config
 
-README = Path(__file__).parents[3] / "README.md"
 MINTER = CanaryMinter(b"kvcanary-abort-race-tests-key-00")
 PAGE_BYTES = 2 * 2 * 16 * 1 * 32 * 4
 """One page of the tiny model: layers x (K, V) x page size x KV heads x head dim x float32."""
@@ -50,14 +48,11 @@ RACE = {
 
 
 def prompt(tenant: int, num_tokens: int) -> BuiltPrompt:
-    tokenizer = load_tokenizer("cl100k_base")
-    return build_prompt(tokenizer, MINTER, tenant=tenant, request=0, num_tokens=num_tokens)
+    return laced_prompt(MINTER, tenant, num_tokens)
 
 
 def canaries_in(text: str, built: BuiltPrompt) -> int:
-    index = CanaryIndex(MINTER)
-    index.add_many((span.text, Owner("tenant", "request")) for span in built.canaries)
-    return len({hit.canary for hit in index.scan(text) if hit.owner is not None})
+    return canaries_of(MINTER, text, built)
 
 
 def race_config(row: str) -> Any:
@@ -176,22 +171,10 @@ async def test_the_abort_race_over_http_with_each_fix_alone(fix: str) -> None:
         if measured == "clean":
             assert canaries_in(text, prompt(2, 32)) > 0  # B's answer is its own
     assert measured == MATRIX[fix]
-    assert readme_abort_cell(fix).startswith(measured), (fix, readme_abort_cell(fix))
+    cell = readme_matrix_cell(fix, "abort")
+    assert cell.startswith(measured), (fix, cell)
 
 
 def test_deferred_release_is_the_only_single_fix_that_closes_the_race() -> None:
     single_fixes = {fix: cell for fix, cell in MATRIX.items() if fix != "patched"}
     assert [fix for fix, cell in single_fixes.items() if cell == "clean"] == ["deferred_release"]
-
-
-def readme_abort_cell(fix: str) -> str:
-    """README's bug x fix table, the abort column, for `fix` ("" for none)."""
-    lines = README.read_text().splitlines()
-    start = lines.index("| fix alone | over-pool prompt | abort mid-transfer |") + 2
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        name, _, abort_cell = (c.strip() for c in line.strip("|").split("|"))
-        if ("" if name == "none" else name.split()[0].strip("`")) == fix:
-            return abort_cell
-    raise AssertionError(f"README's matrix has no row for {fix or 'none'!r}")

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from engine_helpers import canaries_of, laced_prompt, readme_matrix_cell
 
-from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
+from canaries import BuiltPrompt, CanaryMinter
 from reference_engine.server.app import build_app
 from reference_engine.server.asgi_transport import StreamingASGITransport
 from reference_engine.server.launch import make_config
 
-README = Path(__file__).parents[3] / "README.md"
 MINTER = CanaryMinter(b"kvcanary-fix-matrix-tests-key-00")
 CONTEXT = 1024
 COVERING_POOLS = {"prefill_pool_tokens": 2 * CONTEXT, "decode_pool_tokens": 2 * CONTEXT}
@@ -45,15 +44,11 @@ OVER_POOL = {
 
 
 def prompt(tenant: int, num_tokens: int) -> BuiltPrompt:
-    tokenizer = load_tokenizer("cl100k_base")
-    return build_prompt(tokenizer, MINTER, tenant=tenant, request=0, num_tokens=num_tokens)
+    return laced_prompt(MINTER, tenant, num_tokens)
 
 
 def canaries_in(text: str, built: BuiltPrompt) -> int:
-    """How many of `built`'s canaries `text` holds, exact, normalised or as fragments."""
-    index = CanaryIndex(MINTER)
-    index.add_many((span.text, Owner("tenant", "request")) for span in built.canaries)
-    return len({hit.canary for hit in index.scan(text) if hit.owner is not None})
+    return canaries_of(MINTER, text, built)
 
 
 @asynccontextmanager
@@ -98,17 +93,5 @@ async def over_pool_outcome(row: str) -> str:
 async def test_the_over_pool_prompt_over_http_with_each_fix_alone(row: str) -> None:
     measured = await over_pool_outcome(row)
     assert measured == OVER_POOL[row]
-    assert readme_over_pool_cell(row).startswith(measured), (row, readme_over_pool_cell(row))
-
-
-def readme_over_pool_cell(row: str) -> str:
-    """README's bug x fix table, the over-pool column, for `row` ("" for none)."""
-    lines = README.read_text().splitlines()
-    start = lines.index("| fix alone | over-pool prompt | abort mid-transfer |") + 2
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        name, over_pool_cell, _ = (c.strip() for c in line.strip("|").split("|"))
-        if ("" if name == "none" else name.split()[0].strip("`")) == row:
-            return over_pool_cell
-    raise AssertionError(f"README's matrix has no row for {row or 'none'!r}")
+    cell = readme_matrix_cell(row, "over-pool")
+    assert cell.startswith(measured), (row, cell)

@@ -1,0 +1,27 @@
+"""A content detector that finds nothing: for runner tests about everything but content."""
+
+from __future__ import annotations
+
+from canaries import Hit
+from harness.record.finding import Finding
+from harness.record.observation import Observation
+from tenants.plan import RequestPlan
+
+
+class QuietScan:
+    def __init__(self) -> None:
+        self.hits: list[Hit] = []
+
+    def feed(self, chunk: str, field: str = "content") -> list[Finding]:
+        return []
+
+    def own_echo_event(self, t_wall: float) -> None:
+        return None
+
+    def finish(self, obs: Observation) -> list[Finding]:
+        return []
+
+
+class QuietContent:
+    def start(self, plan: RequestPlan) -> QuietScan:
+        return QuietScan()
