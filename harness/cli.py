@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from canaries.errors import ConfigError, RunIncomplete
-from harness.run.interrupts import sigterm_as_interrupt
+from harness.run.interrupts import Delivery, sigterm_as_interrupt
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -62,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[Any], int] = args.handler
+    delivery: Delivery | None = None
     try:
-        with sigterm_as_interrupt():  # a CI job's timeout is a Ctrl-C, never a silent death
+        with sigterm_as_interrupt() as delivery:  # a CI job's timeout is a Ctrl-C
             return handler(args)
     except ConfigError as exc:
         print(f"kvcanary: error: {exc}", file=sys.stderr)
@@ -73,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INCOMPLETE
     except KeyboardInterrupt:
         print("kvcanary: interrupted", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    except ImportError:
+        if delivery is None or not delivery.fired:
+            raise
+        print("kvcanary: interrupted", file=sys.stderr)  # while a C extension loaded
         return EXIT_INCOMPLETE
 
 

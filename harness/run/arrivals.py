@@ -68,10 +68,10 @@ class PoissonArrivals:
     def times(self, start_ns: int) -> Iterator[int]:
         """Absolute arrival times from `start_ns`: the first at once, then exponential gaps."""
         rng = random.Random(self.seed)
-        t_ns = float(start_ns)
+        offset_ns = 0.0  # summed from zero: the schedule is the same whatever the start
         while True:
-            yield round(t_ns)
-            t_ns += rng.expovariate(self.rate) * 1e9
+            yield start_ns + round(offset_ns)
+            offset_ns += rng.expovariate(self.rate) * 1e9
 
 
 Pacing = ClosedLoop | PoissonArrivals

@@ -60,22 +60,34 @@ def interrupts(runner: Stoppable, display: ProgressDisplay) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+class Delivery:
+    """Whether a signal reached `sigterm_as_interrupt`'s block. An interrupt that lands in a
+    C extension's module init comes out as an ImportError ("PyCapsule_Import could not
+    import module"): the caller asks `fired` to tell it from a broken install."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[Delivery]:
     """SIGTERM (a CI job's timeout, `kill`) raises KeyboardInterrupt in the main thread for
     the duration of the block, so what was journaled is still reported or the way to report
-    it is printed. Inside a run, `interrupts` takes over (SIGTERM is a first Ctrl-C).
+    it is printed; SIGINT does the same, through the same handler, so either is recorded in
+    the yielded `Delivery`. Inside a run, `interrupts` takes over (SIGTERM is a first Ctrl-C).
 
     A signal that lands in a finaliser or a weakref callback raises there, where Python
     drops the exception ("Exception ignored in ..."): the SIGTERM would be lost and a
     traceback printed. Such a drop is caught by the unraisable hook and the signal delivered
     again, from another thread, so it is raised in the main thread's own code (if it lands
     in a callback again, it is delivered again)."""
+    delivery = Delivery()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield delivery
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        delivery.fired = True
         raise KeyboardInterrupt
 
     previous_hook = sys.unraisablehook
@@ -86,12 +98,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
             return
         previous_hook(unraisable)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     sys.unraisablehook = redeliver_dropped
     try:
-        yield
+        yield delivery
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         sys.unraisablehook = previous_hook
 
 

@@ -39,7 +39,7 @@ from harness.detectors.protocol import ProtocolDetector
 from harness.detectors.timing import TimingDetector
 from harness.record.events import Event, Limits, RunStarted
 from harness.record.journal import JOURNAL_NAME, JournalWriter
-from harness.run.interrupts import sigterm_as_interrupt
+from harness.run.interrupts import Delivery, sigterm_as_interrupt
 from harness.run.keyring import EarlierRuns, KeyEntry, Keyring, run_key
 from harness.run.progress import ProgressDisplay
 from harness.run.seams import Detectors, TimingChecker
@@ -423,16 +423,22 @@ def render(out_dir: Path, *, keep_raw_evidence: bool, display: ProgressDisplay) 
     Ctrl-C or SIGTERM (a CI job's timeout) while the reports are written leaves the journal
     complete and says how to render them: a `RunIncomplete` (exit 3).
     """
+    incomplete = RunIncomplete(
+        f"interrupted while writing the reports; the journal is complete: reports not "
+        f"rendered; run `kvcanary report {out_dir}`"
+    )
+    delivery: Delivery | None = None
     try:
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt() as delivery:
             from reports.render import render_run  # seconds of imports: interruptible too
 
             result = render_run(out_dir, keep_raw_evidence=keep_raw_evidence)
     except KeyboardInterrupt:
-        raise RunIncomplete(
-            f"interrupted while writing the reports; the journal is complete: reports not "
-            f"rendered; run `kvcanary report {out_dir}`"
-        ) from None
+        raise incomplete from None
+    except ImportError:
+        if delivery is None or not delivery.fired:
+            raise
+        raise incomplete from None  # the signal landed in a C extension's init (pandas)
     for name, error in result.errors.items():
         display.note(f"report output {name} could not be written: {error}")
     if result.errors:

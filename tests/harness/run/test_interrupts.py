@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import os
 import signal
+import sys
 import time
+import types
 import weakref
+from pathlib import Path
 
 import pytest
 
+from canaries.errors import RunIncomplete
+from harness.run import wiring
 from harness.run.interrupts import sigterm_as_interrupt
+from harness.run.progress import ProgressDisplay
 
 
 class _Target:
@@ -62,3 +70,50 @@ def test_the_previous_handlers_are_back_after_the_block() -> None:
         assert signal.getsignal(signal.SIGTERM) is not before_signal
     assert signal.getsignal(signal.SIGTERM) is before_signal
     assert sys.unraisablehook is before_hook
+
+
+def test_the_block_records_that_a_signal_fired() -> None:
+    with sigterm_as_interrupt() as delivery:
+        assert not delivery.fired
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+    assert delivery.fired
+
+
+def test_sigint_goes_through_the_same_handler() -> None:
+    with sigterm_as_interrupt() as delivery, pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert delivery.fired
+
+
+class _ExtensionInitModule(types.ModuleType):
+    """A module whose attribute lookup behaves like a C extension's init hit by a signal:
+    the KeyboardInterrupt is swallowed and comes out as an ImportError (what pandas'
+    `PyCapsule_Import` does)."""
+
+    def __getattr__(self, name: str) -> object:
+        with contextlib.suppress(KeyboardInterrupt):  # swallowed, as C init code does
+            signal.raise_signal(signal.SIGTERM)
+        raise ImportError('PyCapsule_Import could not import module "pandas"')
+
+
+def test_a_signal_inside_an_extension_init_is_an_incomplete_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "reports.render", _ExtensionInitModule("reports.render"))
+    display = ProgressDisplay(num_requests=1, file=io.StringIO(), live=False)
+    with pytest.raises(RunIncomplete, match="kvcanary report"):
+        wiring.render(tmp_path, keep_raw_evidence=False, display=display)
+
+
+def test_an_import_error_without_a_signal_is_not_hidden(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    class Broken(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            raise ImportError("a broken install")
+
+    monkeypatch.setitem(sys.modules, "reports.render", Broken("reports.render"))
+    display = ProgressDisplay(num_requests=1, file=io.StringIO(), live=False)
+    with pytest.raises(ImportError, match="a broken install"):
+        wiring.render(tmp_path, keep_raw_evidence=False, display=display)
