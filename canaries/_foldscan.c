@@ -16,8 +16,13 @@
  *   k < 1: no windows.
  * - tags: the starts, in order, of every "ydk" in lowered (it cannot overlap itself).
  *
+ * windows and tags are packed positions: bytes holding C Py_ssize_t values (Python:
+ * memoryview(b).cast("n")), for exact_scan below to read without making an int of each
+ * (the echo of a 1M-token prompt holds ~10^5 tags and twice as many windows).
+ *
  * Pure C over the str's code units plus a 64 Ki-entry table: the tests compare it with
- * fold_bytes and the shape search on random texts.
+ * fold_bytes and the shape search on random texts. exact_scan (below) then takes the tags
+ * to exact hits in one loop (step 3's exact part).
  */
 #define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
@@ -74,8 +79,39 @@ static unsigned char class_of[256];
 #define TAG_BYTES (('y' << 16) | ('d' << 8) | 'k')
 
 typedef struct {
+    Py_ssize_t *data, count, capacity;
+} Positions;
+
+static int
+push(Positions *positions, Py_ssize_t position)
+{
+    if (positions->count == positions->capacity) {
+        Py_ssize_t capacity = positions->capacity ? 2 * positions->capacity : 1024;
+        Py_ssize_t *grown = PyMem_Realloc(positions->data, capacity * sizeof *grown);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        positions->data = grown, positions->capacity = capacity;
+    }
+    positions->data[positions->count++] = position;
+    return 0;
+}
+
+/* The positions as packed bytes; frees them. */
+static PyObject *
+packed(Positions *positions)
+{
+    PyObject *bytes = PyBytes_FromStringAndSize(
+        (const char *)positions->data, positions->count * (Py_ssize_t)sizeof(Py_ssize_t));
+    PyMem_Free(positions->data);
+    positions->data = NULL;
+    return bytes;
+}
+
+typedef struct {
     Py_ssize_t k;
-    PyObject *windows, *tags;
+    Positions windows, tags;
 } Search;
 
 static int
@@ -114,10 +150,10 @@ append_position(PyObject *list, Py_ssize_t position)
             int separator = kind == SEPARATOR;                                           \
             run = separator ? (letters == WORD_LENGTH ? run + 1 : 0) : run;              \
             letters = kind == LETTER ? letters + (letters >= 0) : kind == DIGIT ? -1 : 0; \
-            if (separator && run >= k && append_position(search->windows, i - span) < 0) \
+            if (separator && run >= k && push(&search->windows, i - span) < 0)      \
                 return -1;                                                               \
             recent = ((recent << 8) | byte) & 0xffffff;                                  \
-            if (recent == TAG_BYTES && append_position(search->tags, i - 2) < 0)         \
+            if (recent == TAG_BYTES && push(&search->tags, i - 2) < 0)                   \
                 return -1;                                                               \
         }                                                                                \
         return 0;                                                                        \
@@ -140,16 +176,10 @@ fold_scan(PyObject *module, PyObject *args)
     Py_ssize_t length = PyUnicode_GET_LENGTH(text);
     const void *data = PyUnicode_DATA(text);
     int ascii = PyUnicode_IS_ASCII(text); /* as fold_bytes: DEL refused only beside non-ASCII */
-    Search w = {k, NULL, NULL};
+    Search w = {k, {NULL, 0, 0}, {NULL, 0, 0}};
     PyObject *lowered = PyBytes_FromStringAndSize(NULL, length);
-    w.windows = PyList_New(0);
-    w.tags = PyList_New(0);
-    if (lowered == NULL || w.windows == NULL || w.tags == NULL) {
-        Py_XDECREF(lowered);
-        Py_XDECREF(w.windows);
-        Py_XDECREF(w.tags);
+    if (lowered == NULL)
         return NULL;
-    }
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(lowered);
     int result;
     switch (PyUnicode_KIND(text)) {
@@ -162,27 +192,25 @@ fold_scan(PyObject *module, PyObject *args)
     default:
         result = fold_Py_UCS4(data, length, ascii, fold, out, &w);
     }
-    if (result == 0)
-        return Py_BuildValue("(NNN)", lowered, w.windows, w.tags);
+    if (result == 0) {
+        PyObject *windows = packed(&w.windows), *tags = packed(&w.tags);
+        if (windows != NULL && tags != NULL)
+            return Py_BuildValue("(NNN)", lowered, windows, tags);
+        Py_XDECREF(windows);
+        Py_XDECREF(tags);
+        result = -1;
+    }
+    PyMem_Free(w.windows.data);
+    PyMem_Free(w.tags.data);
     Py_DECREF(lowered);
-    Py_DECREF(w.windows);
-    Py_DECREF(w.tags);
     if (result < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
-/* resolve_tags(text, tags, length, live, lowered, needle) -> (starts, canaries, owners,
- * seeds): canaries.scanner_fast's resolution of tag candidates, in one C loop.
- *
- * Candidates are tags (positions) or, when tags is None, every occurrence of needle in
- * text (found with PyUnicode_Find, str.find's own search). A candidate p is an exact
- * canary when 0 < p, p + length < len(text), the characters at p - 1 and p + length are
- * separators and text[p:p + length] is a key of live: separators by the shape of
- * lowered's bytes when lowered is bytes (aligned with text), else ASCII characters other
- * than letters and digits of text itself. Exact ones give their start, text and owner
- * (live's value); the others are seeds. With tags None, the search resumes after an exact
- * canary (no exact canary starts inside one), else after p. */
+/* Whether text[i] separates words: by the shape of lowered[i] when lowered is given (the
+ * folding, aligned with text), else when it is an ASCII character other than a letter or
+ * a digit (such characters fold to a space in both readings). */
 static int
 is_separator_at(PyObject *text, const unsigned char *lowered, Py_ssize_t i)
 {
@@ -264,15 +292,169 @@ find_needle(PyObject *text, PyObject *needle, Py_ssize_t from)
     return -1;
 }
 
-static PyObject *
-resolve_tags(PyObject *module, PyObject *args)
+/* exact_scan(text, tags, length, live, resolved, lowered, needle, hit_type, base, after,
+ *            until, windows, width) -> (hits, missing, seeds, kept): canaries.scanner_fast's
+ * resolution of tag candidates and making of exact hits, in one C loop.
+ *
+ * Candidates are tags (packed positions, as fold_scan gives them) or, when tags is None,
+ * every occurrence of needle in text (found with find_needle above). A candidate p is an
+ * exact canary when 0 < p, p + length < len(text), the characters at p - 1 and p + length
+ * are separators and c = text[p:p + length] is live: separators by the shape of lowered's
+ * bytes when lowered is bytes (aligned with text), else ASCII characters other than
+ * letters and digits of text itself; live when c is a key of resolved (the index's record
+ * of live canaries already decoded: c -> (c, owner, origin)) or of live (c -> owner). The
+ * others are seeds. With tags None, the search resumes after an exact canary (no exact
+ * canary starts inside one), else after p.
+ *
+ * - hits: hit_type(c, base + p, base + p + length, "exact", c, origin, owner) for each
+ *   exact canary in resolved ending in (after, until], absolute (c the resolved entry's
+ *   own text: the hits share it), made as canaries.hit.hits_from_columns makes them
+ *   (allocated, then each slot stored; no __init__) and left untracked by the cyclic
+ *   collector (below). hit_type's __slots__ must be exactly the seven fields.
+ * - missing: the texts of the exact canaries live but not in resolved, in order: no hit
+ *   is made for them; the caller decodes them, records them in resolved and scans again.
+ * - kept: when windows is given (packed positions, in order), a list of the windows
+ *   [w, w + width) that overlap no exact canary [p, p + length) (a merge walk: exact
+ *   canaries never overlap each other); else None.
+ *
+ * One dict lookup per exact canary, no list of intermediate columns: the echo of a
+ * 1M-token prompt holds ~10^5 of them. */
+static const char *hit_fields[] = {"text", "start", "end", "layer", "canary", "origin", "owner"};
+#define NUM_FIELDS 7
+static PyObject *exact_layer; /* "exact", interned */
+
+static int
+slot_offsets(PyTypeObject *type, Py_ssize_t offsets[NUM_FIELDS])
 {
-    PyObject *text, *tags, *live, *lowered_obj, *needle;
-    Py_ssize_t length;
-    if (!PyArg_ParseTuple(args, "UOnO!OU:resolve_tags", &text, &tags, &length, &PyDict_Type,
-                          &live, &lowered_obj, &needle))
+    for (int f = 0; f < NUM_FIELDS; f++) {
+        PyObject *descr = PyObject_GetAttrString((PyObject *)type, hit_fields[f]);
+        if (descr == NULL)
+            return -1;
+        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (ok)
+            offsets[f] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, hit_fields[f]);
+            return -1;
+        }
+    }
+    if (type->tp_basicsize < (Py_ssize_t)sizeof(PyObject) || type->tp_itemsize != 0 ||
+        !PyType_IS_GC(type)) {
+        PyErr_Format(PyExc_TypeError, "%s is not a plain slotted class", type->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+/* A hit of entry = (text, owner, origin) at [start, end), appended to hits. */
+static int
+append_hit(PyObject *hits, PyTypeObject *type, const Py_ssize_t offsets[NUM_FIELDS],
+           PyObject *entry, Py_ssize_t start, Py_ssize_t end)
+{
+    PyObject *canary = PyTuple_GET_ITEM(entry, 0);
+    PyObject *values[NUM_FIELDS] = {
+        canary, PyLong_FromSsize_t(start), PyLong_FromSsize_t(end), exact_layer, canary,
+        PyTuple_GET_ITEM(entry, 2), PyTuple_GET_ITEM(entry, 1),
+    };
+    /* Untracked, as CPython untracks a tuple of atoms: a hit is new (nothing refers to it
+     * but the list) and frozen, so it can join a reference cycle only if its owner or
+     * origin is mutated to refer back to it. 10^5 hits then cost the collector nothing.
+     * PyObject_GC_New allocates it so: no zeroing, never tracked. */
+    PyObject *hit = values[1] && values[2] ? (PyObject *)PyObject_GC_New(PyObject, type) : NULL;
+    if (hit == NULL) {
+        Py_XDECREF(values[1]);
+        Py_XDECREF(values[2]);
+        return -1;
+    }
+    for (int f = 0; f < NUM_FIELDS; f++) {
+        if (f != 1 && f != 2)
+            Py_INCREF(values[f]);
+        *(PyObject **)((char *)hit + offsets[f]) = values[f];
+    }
+    int failed = PyList_Append(hits, hit);
+    Py_DECREF(hit);
+    return failed;
+}
+
+/* The windows [w, w + width) that overlap none of the count exact canaries at starts. */
+static PyObject *
+windows_outside(const Py_ssize_t *begins, Py_ssize_t num_windows, const Py_ssize_t *starts,
+                Py_ssize_t count, Py_ssize_t length, Py_ssize_t width)
+{
+    PyObject *kept = PyList_New(0);
+    if (kept == NULL)
+        return NULL;
+    Py_ssize_t next = 0, last_end = PY_SSIZE_T_MIN;
+    for (Py_ssize_t i = 0; i < num_windows; i++) {
+        Py_ssize_t begin = begins[i];
+        for (; next < count && starts[next] < begin + width; next++)
+            last_end = starts[next] + length; /* canaries starting before the window's end */
+        if (last_end <= begin && append_position(kept, begin) < 0) {
+            Py_DECREF(kept);
+            return NULL;
+        }
+    }
+    return kept;
+}
+
+/* Fills *probe with text[p:p + length] where that text is all ASCII: 1 if so, 0 if not,
+ * -1 on error. The probe is the key each candidate is looked up with, one str reused from
+ * candidate to candidate (an echo holds ~10^5 of them: a new str each, made and freed, costs
+ * more than the lookup). It is refilled only while nothing else holds it (a dict lookup
+ * keeps no reference; else a fresh one is made), and its cached hash is reset. */
+static int
+fill_probe(PyObject *text, Py_ssize_t p, Py_ssize_t length, PyObject **probe)
+{
+    if (*probe == NULL || Py_REFCNT(*probe) != 1) {
+        Py_XDECREF(*probe);
+        if ((*probe = PyUnicode_New(length, 127)) == NULL)
+            return -1;
+    }
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(*probe);
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    Py_UCS4 seen = 0;
+    for (Py_ssize_t i = 0; i < length; i++) {
+        Py_UCS4 code = PyUnicode_READ(kind, data, p + i);
+        seen |= code;
+        out[i] = (Py_UCS1)code;
+    }
+    ((PyASCIIObject *)*probe)->hash = -1;
+    return seen < 0x80;
+}
+
+/* The positions packed in bytes (or none, for None). */
+static int
+unpack(PyObject *bytes, const Py_ssize_t **positions, Py_ssize_t *count)
+{
+    if (bytes == Py_None)
+        return 0;
+    if (!PyBytes_Check(bytes) || PyBytes_GET_SIZE(bytes) % sizeof **positions != 0) {
+        PyErr_SetString(PyExc_TypeError, "tags and windows must be packed positions or None");
+        return -1;
+    }
+    *positions = (const Py_ssize_t *)PyBytes_AS_STRING(bytes);
+    *count = PyBytes_GET_SIZE(bytes) / (Py_ssize_t)sizeof **positions;
+    return 0;
+}
+
+static PyObject *
+exact_scan(PyObject *module, PyObject *args)
+{
+    PyObject *text, *tags, *live, *resolved, *lowered_obj, *needle, *windows;
+    PyTypeObject *type;
+    Py_ssize_t length, base, after, until, width;
+    if (!PyArg_ParseTuple(args, "UOnO!O!OUO!nnnOn:exact_scan", &text, &tags, &length,
+                          &PyDict_Type, &live, &PyDict_Type, &resolved, &lowered_obj, &needle,
+                          &PyType_Type, &type, &base, &after, &until, &windows, &width))
         return NULL;
     Py_ssize_t size = PyUnicode_GET_LENGTH(text);
+    if (length < 1) {
+        PyErr_SetString(PyExc_ValueError, "length must be positive");
+        return NULL;
+    }
     const unsigned char *lowered = NULL;
     if (lowered_obj != Py_None) {
         if (!PyBytes_Check(lowered_obj) || PyBytes_GET_SIZE(lowered_obj) != size) {
@@ -281,13 +463,19 @@ resolve_tags(PyObject *module, PyObject *args)
         }
         lowered = (const unsigned char *)PyBytes_AS_STRING(lowered_obj);
     }
-    if (tags != Py_None && !PyList_Check(tags)) {
-        PyErr_SetString(PyExc_TypeError, "tags must be a list or None");
+    const Py_ssize_t *tag_at = NULL, *window_at = NULL;
+    Py_ssize_t num_tags = 0, num_windows = 0;
+    if (unpack(tags, &tag_at, &num_tags) < 0 || unpack(windows, &window_at, &num_windows) < 0)
         return NULL;
-    }
-    PyObject *starts = PyList_New(0), *canaries = PyList_New(0), *owners = PyList_New(0);
-    PyObject *seeds = PyList_New(0);
-    if (starts == NULL || canaries == NULL || owners == NULL || seeds == NULL)
+    Py_ssize_t offsets[NUM_FIELDS];
+    if (slot_offsets(type, offsets) < 0)
+        return NULL;
+    PyObject *hits = PyList_New(0), *missing = PyList_New(0), *seeds = PyList_New(0);
+    PyObject *kept = NULL;
+    Positions starts = {NULL, 0, 0}; /* of the exact canaries */
+    PyObject *probe = NULL;
+    int was_enabled = PyGC_Disable();
+    if (hits == NULL || missing == NULL || seeds == NULL)
         goto error;
     Py_ssize_t next = 0, from = 0;
     for (;;) {
@@ -300,192 +488,85 @@ resolve_tags(PyObject *module, PyObject *args)
                 break;
         }
         else {
-            if (next >= PyList_GET_SIZE(tags))
+            if (next >= num_tags)
                 break;
-            p = PyLong_AsSsize_t(PyList_GET_ITEM(tags, next++));
-            if (p == -1 && PyErr_Occurred())
-                goto error;
+            p = tag_at[next++];
             if (p < 0 || p >= size) {
                 PyErr_SetString(PyExc_ValueError, "a tag outside the text");
                 goto error;
             }
         }
         Py_ssize_t end = p + length;
-        PyObject *owner = NULL;
+        int exact = 0;
         if (p > 0 && end < size && is_separator_at(text, lowered, p - 1) &&
             is_separator_at(text, lowered, end)) {
-            PyObject *canary = PyUnicode_Substring(text, p, end);
-            if (canary == NULL)
+            int ascii = fill_probe(text, p, length, &probe);
+            if (ascii < 0)
                 goto error;
-            owner = PyDict_GetItemWithError(live, canary); /* borrowed */
-            if (owner == NULL && PyErr_Occurred()) {
-                Py_DECREF(canary);
+            PyObject *entry = NULL;
+            if (ascii) /* no canary is anything else */
+                entry = PyDict_GetItemWithError(resolved, probe); /* borrowed */
+            int failed = entry == NULL && PyErr_Occurred();
+            if (entry != NULL) {
+                exact = 1;
+                if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
+                    PyErr_SetString(PyExc_TypeError, "resolved entries must be 3-tuples");
+                    failed = 1;
+                }
+                else if (after < base + end && base + end <= until)
+                    failed = append_hit(hits, type, offsets, entry, base + p, base + end) < 0;
+            }
+            else if (ascii && !failed) {
+                PyObject *owner = PyDict_GetItemWithError(live, probe); /* borrowed */
+                failed = owner == NULL && PyErr_Occurred();
+                exact = owner != NULL;
+                if (exact) {
+                    PyObject *canary = PyUnicode_Substring(text, p, end);
+                    failed = canary == NULL || PyList_Append(missing, canary) < 0;
+                    Py_XDECREF(canary);
+                }
+            }
+            if (failed)
                 goto error;
-            }
-            if (owner != NULL) {
-                int failed = append_position(starts, p) < 0 ||
-                             PyList_Append(canaries, canary) < 0 ||
-                             PyList_Append(owners, owner) < 0;
-                Py_DECREF(canary);
-                if (failed)
-                    goto error;
-            }
-            else
-                Py_DECREF(canary);
         }
-        if (owner == NULL && append_position(seeds, p) < 0)
+        if (exact) {
+            if (push(&starts, p) < 0)
+                goto error;
+        }
+        else if (append_position(seeds, p) < 0)
             goto error;
-        from = owner != NULL ? end : p + 1;
+        from = exact ? end : p + 1;
     }
-    return Py_BuildValue("(NNNN)", starts, canaries, owners, seeds);
+    if (was_enabled)
+        PyGC_Enable();
+    was_enabled = 0;
+    if (windows == Py_None) {
+        kept = Py_None;
+        Py_INCREF(kept);
+    }
+    else if ((kept = windows_outside(window_at, num_windows, starts.data, starts.count, length,
+                                     width)) == NULL)
+        goto error;
+    PyMem_Free(starts.data);
+    Py_XDECREF(probe);
+    return Py_BuildValue("(NNNN)", hits, missing, seeds, kept);
 error:
-    Py_XDECREF(starts);
-    Py_XDECREF(canaries);
-    Py_XDECREF(owners);
+    if (was_enabled)
+        PyGC_Enable();
+    PyMem_Free(starts.data);
+    Py_XDECREF(probe);
+    Py_XDECREF(hits);
+    Py_XDECREF(missing);
     Py_XDECREF(seeds);
-    return NULL;
-}
-
-/* exact_hits(hit_type, canaries, starts, base, length, layer, origins, owners) -> hits:
- * [hit_type(c, base + s, base + s + length, layer, c, origins[c], o) for c, s, o in
- * zip(canaries, starts, owners)], made as canaries.hit.hits_from_columns makes them
- * (allocated, then each slot stored; no __init__), with the cyclic collector paused for
- * the burst, and left untracked by it (below). hit_type must be a class whose __slots__
- * are exactly those seven fields. */
-static const char *hit_fields[] = {"text", "start", "end", "layer", "canary", "origin", "owner"};
-#define NUM_FIELDS 7
-
-static PyObject *
-exact_hits(PyObject *module, PyObject *args)
-{
-    PyTypeObject *type;
-    PyObject *canaries, *starts, *layer, *origins, *owners;
-    Py_ssize_t base, length;
-    if (!PyArg_ParseTuple(args, "O!O!O!nnUO!O!:exact_hits", &PyType_Type, &type, &PyList_Type,
-                          &canaries, &PyList_Type, &starts, &base, &length, &layer,
-                          &PyDict_Type, &origins, &PyList_Type, &owners))
-        return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(canaries);
-    if (PyList_GET_SIZE(starts) != count || PyList_GET_SIZE(owners) != count) {
-        PyErr_SetString(PyExc_ValueError, "columns of different lengths");
-        return NULL;
-    }
-    Py_ssize_t offsets[NUM_FIELDS];
-    for (int f = 0; f < NUM_FIELDS; f++) {
-        PyObject *descr = PyObject_GetAttrString((PyObject *)type, hit_fields[f]);
-        if (descr == NULL)
-            return NULL;
-        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (ok)
-            offsets[f] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, hit_fields[f]);
-            return NULL;
-        }
-    }
-    PyObject *hits = PyList_New(count);
-    if (hits == NULL)
-        return NULL;
-    int was_enabled = PyGC_Disable();
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *canary = PyList_GET_ITEM(canaries, i);
-        Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, i));
-        if (start == -1 && PyErr_Occurred())
-            goto error;
-        PyObject *origin = PyDict_GetItemWithError(origins, canary); /* borrowed */
-        if (origin == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetObject(PyExc_KeyError, canary);
-            goto error;
-        }
-        PyObject *values[NUM_FIELDS] = {
-            canary, PyLong_FromSsize_t(base + start), PyLong_FromSsize_t(base + start + length),
-            layer, canary, origin, PyList_GET_ITEM(owners, i),
-        };
-        if (values[1] == NULL || values[2] == NULL) {
-            Py_XDECREF(values[1]);
-            Py_XDECREF(values[2]);
-            goto error;
-        }
-        PyObject *hit = type->tp_alloc(type, 0);
-        if (hit == NULL) {
-            Py_DECREF(values[1]);
-            Py_DECREF(values[2]);
-            goto error;
-        }
-        for (int f = 0; f < NUM_FIELDS; f++) {
-            if (f != 1 && f != 2)
-                Py_INCREF(values[f]);
-            *(PyObject **)((char *)hit + offsets[f]) = values[f];
-        }
-        /* Untracked, as CPython untracks a tuple of atoms: a hit is new (nothing refers
-         * to it but the list) and frozen, so it can join a reference cycle only if its
-         * owner or origin is mutated to refer back to it. 10^5 hits then cost the
-         * collector nothing. */
-        PyObject_GC_UnTrack(hit);
-        PyList_SET_ITEM(hits, i, hit);
-    }
-    if (was_enabled)
-        PyGC_Enable();
-    return hits;
-error:
-    if (was_enabled)
-        PyGC_Enable();
-    Py_DECREF(hits); /* unfilled items are NULL: list_dealloc skips them */
-    return NULL;
-}
-
-/* outside(windows, starts, length, width) -> the windows [p, p + width) that overlap no
- * exact canary [s, s + length): both lists in order, the canaries not overlapping each
- * other (canaries.scanner_fast._outside, as one merge walk). */
-static PyObject *
-outside(PyObject *module, PyObject *args)
-{
-    PyObject *windows, *starts;
-    Py_ssize_t length, width;
-    if (!PyArg_ParseTuple(args, "O!O!nn:outside", &PyList_Type, &windows, &PyList_Type, &starts,
-                          &length, &width))
-        return NULL;
-    PyObject *kept = PyList_New(0);
-    if (kept == NULL)
-        return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(starts), next = 0, last_end = PY_SSIZE_T_MIN;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(windows); i++) {
-        PyObject *item = PyList_GET_ITEM(windows, i);
-        Py_ssize_t begin = PyLong_AsSsize_t(item);
-        if (begin == -1 && PyErr_Occurred())
-            goto error;
-        while (next < count) { /* the canaries starting before this window's end */
-            Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, next));
-            if (start == -1 && PyErr_Occurred())
-                goto error;
-            if (start >= begin + width)
-                break;
-            last_end = start + length;
-            next++;
-        }
-        if (last_end <= begin && PyList_Append(kept, item) < 0)
-            goto error;
-    }
-    return kept;
-error:
-    Py_DECREF(kept);
     return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"fold_scan", fold_scan, METH_VARARGS,
      "fold_scan(text, k, fold) -> (lowered, windows, tags) | None: see canaries/_foldscan.c."},
-    {"resolve_tags", resolve_tags, METH_VARARGS,
-     "resolve_tags(text, tags, length, live, lowered, needle) -> (starts, canaries, owners, "
-     "seeds): see canaries/_foldscan.c."},
-    {"outside", outside, METH_VARARGS,
-     "outside(windows, starts, length, width) -> kept windows: see canaries/_foldscan.c."},
-    {"exact_hits", exact_hits, METH_VARARGS,
-     "exact_hits(hit_type, canaries, starts, base, length, layer, origins, owners) -> hits: "
-     "see canaries/_foldscan.c."},
+    {"exact_scan", exact_scan, METH_VARARGS,
+     "exact_scan(text, tags, length, live, resolved, lowered, needle, hit_type, base, after, "
+     "until, windows, width) -> (hits, missing, seeds, kept): see canaries/_foldscan.c."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -508,5 +589,8 @@ PyInit__foldscan(void)
         class_of[c] = LETTER;
     for (int c = '0'; c <= '9'; c++)
         class_of[c] = DIGIT;
+    exact_layer = PyUnicode_InternFromString("exact");
+    if (exact_layer == NULL)
+        return NULL;
     return PyModule_Create(&module_def);
 }

@@ -10,7 +10,8 @@ request, another tenant, or unknown origin. This module knows nothing about scan
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -69,17 +70,25 @@ def hits_from_columns(
     does, the hits are made with C-level loops (`object.__new__`, then each field's slot
     descriptor), with the cyclic garbage collector paused for the burst.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         hits: list[Hit] = list(map(object.__new__, [Hit] * len(texts)))
         columns = (texts, starts, ends, layers, canaries, origins, owners)
         for name, column in zip(_FIELDS, columns, strict=True):
             any(map(getattr(Hit, name).__set__, hits, column))  # any(): run it
+    return hits
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector paused: a burst of ~10^5 new container objects (hits,
+    records) otherwise triggers collections that traverse every object alive."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if was_enabled:
             gc.enable()
-    return hits
 
 
 class Relation(StrEnum):

@@ -54,7 +54,7 @@ from canaries import scanner_fast
 from canaries.errors import CanaryError
 from canaries.fragments import MAX_LIVE, MAX_RESPONSE_CHARS, FragmentRule, fragment_rule
 from canaries.fragments import min_fragment_words as min_fragment_words
-from canaries.hit import Hit, Layer, Owner, Relation, classify
+from canaries.hit import Hit, Layer, Owner, Relation, classify, gc_paused
 from canaries.mint import CanaryMinter, CanaryOrigin
 from canaries.normalize import fold_readings
 from canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, canonical
@@ -102,9 +102,10 @@ class CanaryIndex:
         self._live: dict[str, Owner] = {}
         # k words -> the canary they open, or (canary, word offset) when they start later
         self._fragments: dict[str, str | tuple[str, int]] = {}
-        # live canary -> its decoded origin, filled on its first hit (the minter's own
-        # cache is smaller than a 1M-token prompt's canaries); at most one per live canary
-        self._origins: dict[str, CanaryOrigin | None] = {}
+        # live canary -> (canary, owner, decoded origin), filled on its first hit (the
+        # minter's own cache is smaller than a 1M-token prompt's canaries): what an exact
+        # hit needs, in one lookup (the compiled core reads it); at most one per live canary
+        self._resolved: dict[str, tuple[str, Owner, CanaryOrigin | None]] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -129,7 +130,9 @@ class CanaryIndex:
             words = canary.split(" ")[1:]
             if not all(map(WORD_INDEX.__contains__, words)):
                 canary = canonical(text, num_words)  # raises, naming the problem
-            if canary not in self._live and len(self._live) >= self.max_live:
+            if canary in self._live:
+                self._resolved.pop(canary, None)  # its owner may change
+            elif len(self._live) >= self.max_live:
                 raise CanaryError(
                     f"more than {self.max_live} live canaries: discard old ones or raise "
                     f"max_live (which lengthens the minimum fragment)"
@@ -144,7 +147,7 @@ class CanaryIndex:
     def discard(self, canary: str) -> None:
         """Forgets a live canary (its hits become attributed-or-unknown)."""
         canary = canary.strip()
-        self._origins.pop(canary, None)
+        self._resolved.pop(canary, None)
         if self._live.pop(canary, None) is None or self.fragment_words is None:
             return
         words, k = canary.split(" ")[1:], self.fragment_words
@@ -153,17 +156,16 @@ class CanaryIndex:
             if _fragment_entry(self._fragments.get(key))[0] == canary:
                 del self._fragments[key]
 
-    def _live_origins(
-        self, canaries: list[str], *, listed: bool = True
-    ) -> list[CanaryOrigin | None]:
-        """The origins of live canaries (as `minter.attribute_canonical` decodes them);
-        with `listed` False only recorded in `_origins` (for the compiled core to read),
-        and [] returned."""
-        known = self._origins
-        todo = list(filterfalse(known.__contains__, canaries))
+    def _resolve(self, canaries: list[str]) -> None:
+        """Records (canary, owner, origin) for the live canaries not yet recorded, their
+        origins decoded (`minter.attribute_canonical`)."""
+        known = self._resolved
+        todo = list(dict.fromkeys(filterfalse(known.__contains__, canaries)))
         if todo:
-            known.update(zip(todo, self.minter.attribute_canonical(todo), strict=True))
-        return list(map(known.__getitem__, canaries)) if listed else []
+            origins = self.minter.attribute_canonical(todo)
+            with gc_paused():
+                records = zip(todo, map(self._live.__getitem__, todo), origins, strict=True)
+                known.update(zip(todo, records, strict=True))
 
     def fragment_words_at(self, offset: int) -> int | None:
         """The fragment length required at response `offset` now (None: no fragments)."""

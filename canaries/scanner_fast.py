@@ -115,7 +115,8 @@ def _fold_code(code: int) -> int:
     return ord(_RUNS[code])
 
 
-FoldScan = Callable[[str, int, Callable[[int], int]], "tuple[bytes, list[int], list[int]] | None"]
+FoldScan = Callable[[str, int, Callable[[int], int]], "tuple[bytes, bytes, bytes] | None"]
+"""(folding, windows, tags), the positions packed (`canaries/_foldscan.c`), or None."""
 
 
 def _load_core() -> FoldScan | None:
@@ -132,47 +133,68 @@ buffer, and the resolution of tags and making of exact hits), or None when it wa
 built; `find` and `find_exact` give the same hits either way."""
 
 if CORE is not None:
-    from canaries._foldscan import exact_hits as _c_exact_hits
-    from canaries._foldscan import outside as _c_outside
-    from canaries._foldscan import resolve_tags as _c_resolve_tags
+    from canaries._foldscan import exact_scan as _c_exact_scan
 
 
 def find(index: CanaryIndex, buffer: str, base: int, after: int, until: int) -> list[Hit]:
     """`index._find_oracle(buffer, base, after, until)`, fast (the module docstring)."""
     k = index.fragment_words if index._fragments else None
-    windows: list[int] | None = None
+    length = len(TAG) + (WORD_LENGTH + 1) * index.minter.num_words  # an exact canary
+    width = 0 if k is None else (WORD_LENGTH + 1) * k + 1
+    windows: list[int] | None
     if CORE is not None:
         folded = CORE(buffer, k or 0, _fold_code)
         if folded is None:
             return index._find_oracle(buffer, base, after, until)
-        lowered, windows, tags = folded
+        lowered, found, tags = folded
+        # a window touching an exact canary is moot: the core drops those
+        scan = (buffer, tags, lowered, None if k is None else found, width)
+        hits, seeds, windows = _compiled_exact(index, scan, length, base, after, until)
     else:
         plain = fold_bytes(buffer)
         if plain is None:
             return index._find_oracle(buffer, base, after, until)
-        lowered, tags = plain, tag_starts(plain)
-    length = len(TAG) + (WORD_LENGTH + 1) * index.minter.num_words  # an exact canary
-    if CORE is not None:
-        starts, canaries, owners, seeds = _c_resolve_tags(
-            buffer, tags, length, index._live, lowered, _RAW_TAG
+        lowered = plain
+        starts, canaries, owners, seeds = _tags(
+            lowered, tag_starts(lowered), buffer, index._live, length
         )
-    else:
-        starts, canaries, owners, seeds = _tags(lowered, tags, buffer, index._live, length)
-    if k is not None:
-        if windows is None:
-            windows = fragment_windows(lowered, k)
-        width = (WORD_LENGTH + 1) * k + 1
+        windows = None if k is None else fragment_windows(lowered, k)
         if starts and windows:  # a window touching an exact canary is moot
-            windows = (_c_outside if CORE is not None else _outside)(windows, starts, length, width)
+            windows = _outside(windows, starts, length, width)
+        hits = _exact_hits(index, base, after, until, starts, canaries, owners, length)
+    if windows:
         fragments = index._fragments
         for position in windows:  # not a live k-gram: no fragment candidate in the oracle
             key = lowered[position + 1 : position + width - 1]
             if key.translate(_ASCII_BYTES_TABLE).decode() in fragments:
                 seeds.append(position)
-    hits = _exact_hits(index, base, after, until, starts, canaries, owners, length)
     if seeds:
         hits = _merge(hits, _window_hits(index, buffer, base, after, until, sorted(seeds)))
     return hits
+
+
+def _compiled_exact(
+    index: CanaryIndex,
+    scan: tuple[str, bytes | None, bytes | None, bytes | None, int],
+    length: int,
+    base: int,
+    after: int,
+    until: int,
+) -> tuple[list[Hit], list[int], list[int] | None]:
+    """The compiled core's exact hits, seeds and fragment windows outside exact canaries
+    (`canaries/_foldscan.c`, `exact_scan`) for `scan` = (buffer, tags or None for the raw
+    search, folding or None, windows or None, window width; positions packed, as the
+    core's `fold_scan` gives them). Live canaries not yet recorded in the index are
+    decoded (once while they are live) and the buffer scanned again."""
+    buffer, tags, lowered, windows, width = scan
+    args = (buffer, tags, length, index._live, index._resolved, lowered, _RAW_TAG, Hit)
+    found = _c_exact_scan(*args, base, after, until, windows, width)
+    if found[1]:
+        index._resolve(found[1])
+        found = _c_exact_scan(*args, base, after, until, windows, width)
+        assert not found[1], "every live canary is resolved now"
+    hits, _, seeds, kept = found
+    return hits, seeds, kept
 
 
 _RAW_TAG = TAG + " "
@@ -194,12 +216,11 @@ def find_exact(index: CanaryIndex, buffer: str, base: int, after: int, until: in
     it, as `find` resolves seeds."""
     length = len(TAG) + (WORD_LENGTH + 1) * index.minter.num_words
     if CORE is not None:
-        starts, canaries, owners, seeds = _c_resolve_tags(
-            buffer, None, length, index._live, None, _RAW_TAG
-        )
+        scan = (buffer, None, None, None, 0)
+        hits, seeds, _ = _compiled_exact(index, scan, length, base, after, until)
     else:
         starts, canaries, owners, seeds = _raw_tags(buffer, index._live, length)
-    hits = _exact_hits(index, base, after, until, starts, canaries, owners, length)
+        hits = _exact_hits(index, base, after, until, starts, canaries, owners, length)
     if seeds:
         at = set(seeds)
         found = [
@@ -283,7 +304,7 @@ def _tags(
 ) -> tuple[list[int], list[str], list[Owner], list[int]]:
     """Of the tags, the starts, texts and owners of verbatim live canaries, and the other
     occurrences (seeds). Vectorised: an echo holds a canary every ~60 characters (the
-    compiled core's `resolve_tags` does the same in one C loop)."""
+    compiled core's `exact_scan` does the same in one C loop)."""
     if not tags:
         return [], [], [], []
     positions = np.array(tags, np.int64)
@@ -329,25 +350,15 @@ def _exact_hits(
         starts, canaries, owners = starts[first:last], canaries[first:last], owners[first:last]
     if not starts:
         return []
-    if CORE is not None:
-        try:  # the origins are known after a canary's first hit: look them up in C
-            hits: list[Hit] = _c_exact_hits(
-                Hit, canaries, starts, base, length, "exact", index._origins, owners
-            )
-        except KeyError:  # some are not: decode them, then make the hits
-            index._live_origins(canaries, listed=False)
-            hits = _c_exact_hits(
-                Hit, canaries, starts, base, length, "exact", index._origins, owners
-            )
-        return hits
     begin = np.array(starts, np.int64) + base
+    index._resolve(canaries)
     return hits_from_columns(
         canaries,
         begin.tolist(),
         (begin + length).tolist(),
         repeat("exact"),
         canaries,
-        index._live_origins(canaries),
+        [index._resolved[canary][2] for canary in canaries],
         owners,
     )
 

