@@ -27,6 +27,12 @@ PRESETS: dict[str, str] = {
         "over-pool prompts get 400, nothing leaks"
     ),
     "hardened": "every fix switch on, both pools 2x the context length",
+    "race": (
+        "the page-lifetime race (SGLang #35049): context 1024, a decode pool of one context "
+        "(the smallest pool, so an abort plan sized from the limit nearly fills it), prefill "
+        "2x, each prompt prefilled and sent in one write over a 5 ms-per-64-KiB-page link, PD "
+        "free order, no fixes; run it with `--profile race`"
+    ),
 }
 
 FIXES: dict[str, str] = {
@@ -79,6 +85,11 @@ FREE_ORDERS: dict[str, str] = {
 KV_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_PAGE_SIZE = 16
+RACE_CONTEXT_LENGTH = 1024
+"""The `race` preset's own default context: small prompts keep its slow link's runs short."""
+RACE_PAGE_FLIGHT_S = 0.005
+"""The `race` preset's link: one page of the default model (64 KiB in float32) per 5 ms, so
+an abort plan's 58-page write is in flight ~0.3 s and a 127-token follower's 8 pages 40 ms."""
 _LIMIT_MARGIN = 5
 """SGLang: max_req_input_len = min(context_len - 1, max_total_num_tokens - 1) - 5."""
 
@@ -150,7 +161,8 @@ class EngineConfig:
         """A preset, with fields overridden; pools follow an overridden context length."""
         if name not in _PRESET_BUILDERS:
             raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        context_length = int(overrides.get("context_length", DEFAULT_CONTEXT_LENGTH))
+        default_context = RACE_CONTEXT_LENGTH if name == "race" else DEFAULT_CONTEXT_LENGTH
+        context_length = int(overrides.get("context_length", default_context))
         page_size = int(overrides.get("page_size", DEFAULT_PAGE_SIZE))
         fields = _PRESET_BUILDERS[name](context_length, page_size)
         fields.update(overrides)
@@ -190,10 +202,30 @@ def _hardened(context_length: int, page_size: int) -> dict[str, Any]:
     }
 
 
+def _race(context_length: int, page_size: int) -> dict[str, Any]:
+    """Decode's pool is the smallest, so a run's limit comes from it: an abort plan of 0.9x
+    the limit leaves decode a few free pages, and the next request's allocation merges the
+    release list and gets the aborted pages, lowest first (the sorted PD order). Prefill's
+    pool is larger, so no prompt takes the over-pool path: the abort race is the only leak.
+    One write per prompt makes the aborted request's write the longest in flight."""
+    default_page_bytes = 4 * 2 * page_size * 2 * 64 * 4  # the default model, float32
+    return {
+        "context_length": context_length,
+        "prefill_pool_tokens": _round_to_pages(2 * context_length, page_size),
+        "decode_pool_tokens": _round_to_pages(context_length, page_size),
+        "prefill_chunk_tokens": context_length,
+        "transfer_chunk_pages": max(1, context_length // page_size),
+        "transfer_bandwidth_bytes_per_s": default_page_bytes / RACE_PAGE_FLIGHT_S,
+        "fixes": frozenset(),
+        "free_order": "sorted",
+    }
+
+
 _PRESET_BUILDERS: dict[str, Callable[[int, int], dict[str, Any]]] = {
     "vulnerable": _vulnerable,
     "patched": _patched,
     "hardened": _hardened,
+    "race": _race,
 }
 assert set(_PRESET_BUILDERS) == set(PRESETS)
 

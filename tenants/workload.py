@@ -13,6 +13,8 @@ Named profiles:
     limits     only the edges: one below, at and one above the pool and the context
     below      everything below the limit: a concurrency contamination check, where any
                foreign canary is a leak without an over-limit prompt to explain it
+    race       the page-lifetime race (SGLang #35049): large abort plans, each followed by a
+               small victim with a long answer that reads the pages the abort freed
 """
 
 from __future__ import annotations
@@ -108,8 +110,24 @@ BELOW = WorkloadProfile(
     victim_fraction=0.5,
 )
 
+RACE = WorkloadProfile(
+    name="race",
+    description="large aborts, each followed by a small victim with a long answer",
+    # An abort of 0.9x the limit nearly fills the smallest pool, so the next request finds
+    # the free list short and (in SGLang's sorted PD order) is handed the aborted request's
+    # pages; its own write is 7x smaller and lands first, the aborted request's late write
+    # then lands on it, and its 256-token answer is still being decoded over those pages.
+    victims=_specs("victim", "0.125*limit"),
+    # probes within the limits make the run a within-limits check (clean, not inconclusive,
+    # when nothing leaks); this few of them never follow an abort in the smooth round robin
+    probes=_specs("probe", "0.125*limit"),
+    aborts=_specs("abort", "0.9*limit"),
+    victim_fraction=0.9,
+    victim_max_tokens=256,
+)
+
 PROFILES: Mapping[str, WorkloadProfile] = MappingProxyType(
-    {profile.name: profile for profile in (INCIDENT, LIMITS, BELOW)}
+    {profile.name: profile for profile in (INCIDENT, LIMITS, BELOW, RACE)}
 )
 
 

@@ -238,7 +238,8 @@ OPTIONS: tuple[Option, ...] = (
         parse_text,
         "incident",
         "Workload profile: incident (victims fill the pool, probes from the pool past the "
-        "context), limits (only the edges), below (nothing over the limit).",
+        "context), limits (only the edges), below (nothing over the limit), race (large "
+        "aborts, each followed by a small long-answer victim: the page-lifetime race).",
         metavar="NAME",
     ),
     Option(
@@ -295,9 +296,10 @@ OPTIONS: tuple[Option, ...] = (
         parse_text,
         "vulnerable",
         "Preset of the bundled engine (used without --target): vulnerable (the incident), "
-        "patched (the incident's pools, every fix on) or hardened (pools cover the context).",
-        metavar="vulnerable|patched|hardened",
-        choices=("vulnerable", "patched", "hardened"),
+        "patched (the incident's pools, every fix on), hardened (pools cover the context) or "
+        "race (the page-lifetime race; with --profile race).",
+        metavar="vulnerable|patched|hardened|race",
+        choices=("vulnerable", "patched", "hardened", "race"),
         variants=(
             (
                 "plugin",

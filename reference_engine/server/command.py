@@ -61,7 +61,7 @@ def _help_epilog() -> str:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run the bundled reference engine (vulnerable, patched or hardened)",
+        help="run the bundled reference engine (vulnerable, patched, hardened or race)",
         description=textwrap.fill(_DESCRIPTION, 88),
         epilog=_help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,

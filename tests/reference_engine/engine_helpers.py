@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
+from harness.record.events import Limits
 from reference_engine.config import EngineConfig
 from reference_engine.engine import DisaggregatedEngine
 
@@ -21,6 +22,15 @@ TINY_MODEL: dict[str, Any] = {
     "intermediate_size": 64,
 }
 """A model small enough for thousands of requests in a test (recall stays exact at 10^3)."""
+
+
+def run_limits(config: EngineConfig) -> Limits:
+    """The limits `kvcanary run` reads from the bundled engine: the smallest pool and its own
+    input limit (SGLang's max_req_input_len), the advertised context, the page size."""
+    pool = min(config.prefill_pool_tokens, config.decode_pool_tokens)
+    return Limits(
+        pool, config.context_length, config.page_size, "engine", config.max_req_input_len(pool)
+    )
 
 
 def small_config(preset: str = "vulnerable", **overrides: Any) -> EngineConfig:

@@ -86,8 +86,18 @@ def test_unknown_preset_and_unknown_field_are_errors() -> None:
 
 
 def test_help_tables_describe_every_preset_and_fix() -> None:
-    assert set(PRESETS) == {"vulnerable", "patched", "hardened"}
+    assert set(PRESETS) == {"vulnerable", "patched", "hardened", "race"}
     for fix, text in FIXES.items():
         assert text.strip(), fix
     assert "#38935" in FIXES["admission_retire"]
     assert "#35049" in FIXES["deferred_release"]
+
+
+def test_the_race_preset_makes_decode_the_smallest_pool_and_one_write_per_prompt() -> None:
+    config = EngineConfig.from_preset("race")
+    assert config.context_length == 1024
+    assert not config.fixes
+    assert config.decode_pool_tokens == 1024 < config.prefill_pool_tokens
+    assert config.transfer_chunk_pages * config.page_size >= config.prefill_chunk_tokens == 1024
+    assert config.transfer_bandwidth_bytes_per_s == 65536 / 0.005  # 5 ms per default page
+    assert EngineConfig.from_preset("race", context_length=2048).decode_pool_tokens == 2048

@@ -76,7 +76,7 @@ def test_below_profile_stays_below_every_limit(limits: Limits) -> None:
 
 def test_profiles_are_named_and_unknown_names_list_the_choices() -> None:
     assert profile_names()[0] == "incident"
-    assert set(PROFILES) == {"incident", "limits", "below"}
+    assert set(PROFILES) == {"incident", "limits", "below", "race"}
     with pytest.raises(ConfigError, match="incident, limits, below"):
         get_profile("nope")
 

@@ -17,19 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import TINY_MODEL, canaries_of, laced_prompt, readme_matrix_cell
+from engine_helpers import TINY_MODEL, canaries_of, laced_prompt, readme_matrix_cell, run_limits
 
 from canaries import BuiltPrompt, CanaryMinter
 from reference_engine.decode import HEAD_AFTER_COMMIT
 from reference_engine.server.app import build_app
 from reference_engine.server.asgi_transport import StreamingASGITransport
 from reference_engine.server.launch import make_config
+from tenants.workload import PROFILES
 
 MINTER = CanaryMinter(b"kvcanary-abort-race-tests-key-00")
 PAGE_BYTES = 2 * 2 * 16 * 1 * 32 * 4
@@ -92,15 +94,15 @@ async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -
             await asyncio.sleep(0.002)
 
 
-async def drop_a_mid_transfer_then_ask_b(row: str) -> tuple[httpx.Response, BuiltPrompt]:
-    """A's client leaves with A's write in flight; returns B's response and A's prompt.
+async def drop_a_mid_transfer_then_ask_b(
+    config: Any, a: BuiltPrompt, b: BuiltPrompt, b_max_tokens: int
+) -> httpx.Response:
+    """A's client leaves with A's write in flight; returns B's response.
 
     The client leaves after the response head where decode sends it early, and while still
     waiting for it where a fix makes the head wait for the commit (`HEAD_AFTER_COMMIT`):
     either way with nothing read, as kvcanary's abort plans (`abort_after_chunks = 0`) do.
     """
-    a, b = prompt(1, 1000), prompt(2, 32)
-    config = race_config(row)
     fixes = config.fixes
     async with engine(config) as client:
         head: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -125,13 +127,14 @@ async def drop_a_mid_transfer_then_ask_b(row: str) -> tuple[httpx.Response, Buil
         with contextlib.suppress(asyncio.CancelledError):
             await a_client
         assert early_head == head.done()
-        held = 63 if "deferred_release" in fixes else 0
+        num_a_pages = math.ceil(a.num_tokens / config.page_size)
+        held = num_a_pages if "deferred_release" in fixes else 0
 
         async def aborted() -> bool:
             return await decode_pages(client) == held
 
         await until(aborted)
-        body = {"prompt": b.text, "max_tokens": 960}
+        body = {"prompt": b.text, "max_tokens": b_max_tokens}
         r = await client.post(
             "/v1/completions", json=body, headers={"authorization": "Bearer sk-tenant-2"}
         )
@@ -141,7 +144,7 @@ async def drop_a_mid_transfer_then_ask_b(row: str) -> tuple[httpx.Response, Buil
             return all(state[s][0]["num_allocated_pages"] == 0 for s in ("prefill", "decode"))
 
         await until(drained)
-    return r, a
+    return r
 
 
 MATRIX = {
@@ -162,7 +165,8 @@ column, measured here)."""
 @pytest.mark.timing
 @pytest.mark.parametrize("fix", list(MATRIX))
 async def test_the_abort_race_over_http_with_each_fix_alone(fix: str) -> None:
-    r, a = await drop_a_mid_transfer_then_ask_b(fix)
+    a = prompt(1, 1000)
+    r = await drop_a_mid_transfer_then_ask_b(race_config(fix), a, prompt(2, 32), 960)
     if r.status_code != 200:
         measured = f"error {r.status_code}"
     else:
@@ -178,3 +182,21 @@ async def test_the_abort_race_over_http_with_each_fix_alone(fix: str) -> None:
 def test_deferred_release_is_the_only_single_fix_that_closes_the_race() -> None:
     single_fixes = {fix: cell for fix, cell in MATRIX.items() if fix != "patched"}
     assert [fix for fix, cell in single_fixes.items() if cell == "clean"] == ["deferred_release"]
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("fix", ["", "deferred_release"])
+async def test_the_race_preset_leaks_an_abort_into_the_race_profiles_next_victim(fix: str) -> None:
+    """`kvcanary run --engine-preset race --profile race`'s abort phase, one abort and the
+    victim after it: the preset as it ships (default model, its link) and the profile's own
+    sizes against the limits the harness reads, 916 tokens aborted, 127 asking for 256."""
+    config = make_config("race", (fix,) if fix else ())
+    profile = PROFILES["race"]
+    workload = profile.resolve(run_limits(config))
+    a = prompt(1, workload.aborts[0].num_tokens)
+    b = prompt(2, workload.victims[0].num_tokens)
+    r = await drop_a_mid_transfer_then_ask_b(config, a, b, profile.victim_max_tokens)
+    assert r.status_code == 200
+    text: str = r.json()["choices"][0]["text"]
+    assert bool(canaries_in(text, a)) == (fix != "deferred_release")
+    assert canaries_in(text, b) > 0  # B's own pages are quoted too
