@@ -33,6 +33,22 @@ The model, fitted on the run's own traffic:
   prefill sits `num_sigmas` (4) noise scales above it. The bar is multiplicative: contention
   widens the spread but never makes an answer faster, so under a CPU hog the bar keeps
   its place instead of sinking below zero.
+- **Contention.** A delay never makes an answer faster, so a TTFT under the bar is flagged
+  however loaded the machine; but a skipped prefill answers at about intercept + the delay
+  contention adds, so an answer *above* the bar passes only where no such delay could have
+  lifted a skipped prefill over it. The delays are the fit set's residuals above the
+  uncontended line (queueing and CPU contention, plus noise), and the fit journals their
+  90th percentile as `contention_ms` (`contention_quantile`): a length is judged only where
+  bar(n) - intercept >= contention_ms. Two guards, because two things pass: an answered
+  over-limit probe (the incident skipped those, and every one must be flagged) is passed
+  only if its TTFT is also more than the run's *largest* delay above the intercept, else it
+  is not judged; a length (check 6: the largest accepted prompt) is passed by its fastest
+  answer, which a skipped prefill reaches above the bar only if all its k answers were
+  delayed past the margin: probability <= 0.1^k. Q90 rather than Q95 because the per-probe
+  guard already holds each probe to the maximum, and every extra point of quantile makes
+  check 6 skip more often on a merely busy machine; not the maximum for lengths because one
+  stall (a GC pause, a burst from another process) would silence timing for the run. The
+  margin only ever costs judgements, never flags.
 - **Candidates.** Every response with a 2xx status and a first token, including over-limit
   probes (they must be flagged when answered fast).
 
@@ -43,7 +59,11 @@ fit of the first few answers (often all slowed by the first concurrent batch) ne
 to `finish()` because the fit was too small to judge it online (the runner holds that
 request's `unsafe_accept` until then, so a final `fast_prefill` makes it critical). Where
 no fit exists, or no answered prompt is long enough for the rule, `not_judged` says why
-(journaled with the model; reports and check 6 say "not judged"). A request is flagged at
+(journaled with the model; reports and check 6 say "not judged"): no fit; an answered
+over-limit prompt not flagged where the rule does not judge its length (TTFT noise, or
+contention delays larger than the bar's margin there), or not flagged but within the run's
+largest delay of the intercept; or nothing flagged and the longest answered prompt not
+judged. A request is flagged at
 most once, and an online flag is never withdrawn even if the final fit would not repeat it.
 In soaks, candidates kept for re-evaluation are capped at `max_retained`: past it, those at
 or above the current lower bound (which no plausible final fit would flag) are dropped,
@@ -115,6 +135,7 @@ class TimingDetector:
         usage_tolerance: float = 0.1,
         max_fit_samples: int = 1000,
         max_retained: int = 100_000,
+        contention_quantile: float = 0.9,
         seed: int = 0,
     ) -> None:
         if min_samples < 3:
@@ -125,11 +146,20 @@ class TimingDetector:
             raise ConfigError("timing: sigmas and scale floor must be > 0, tolerances >= 0")
         if max_fit_samples < min_samples or max_retained < 1:
             raise ConfigError("timing: max_fit_samples must be >= min_samples, max_retained >= 1")
+        if not 0.5 <= contention_quantile <= 1:
+            raise ConfigError(
+                f"timing: contention_quantile must be in [0.5, 1], got {contention_quantile}"
+            )
+        self.contention_quantile = contention_quantile
         self.min_samples = min_samples
         self.min_online_samples = max(min_online_samples, min_samples)
         self._longest_served = 0
         self._over_limit_served: Counter[int] = Counter()
         """Answered over-limit prompts by length: the ones the incident skipped."""
+        self._over_limit_open: dict[str, tuple[int, float]] = {}
+        """Answered over-limit prompts not flagged (yet): request id -> (tokens, TTFT ms)."""
+        self._max_delay_ms = 0.0
+        """The largest residual above the current fit's uncontended line."""
         self.num_sigmas = num_sigmas
         self.fraction = fraction
         self.min_prefill_ms = min_prefill_ms
@@ -166,23 +196,23 @@ class TimingDetector:
             )
         if self._longest_served == 0:
             return "no answer had a first token"
-        unjudged = sum(n for size, n in self._over_limit_served.items() if not model.eligible(size))
-        bar = model.min_eligible_tokens
-        applies = (
-            "never (the fitted slope is 0)" if bar == float("inf") else f"from {bar:.0f} tokens"
-        )
+        open_probes = list(self._over_limit_open.values())
+        num_served = self._over_limit_served.total()
+        unjudged = [n for n, _ in open_probes if not model.eligible(n)]
         if unjudged:
+            who = f"{len(unjudged)} of {num_served} answered over-limit prompt(s)"
+            return model.why_unjudged(min(unjudged), over_limit=who)
+        delay = self._max_delay_ms
+        delayed = sum(1 for _, ttft in open_probes if ttft - model.intercept_ms <= delay)
+        if delayed:
             return (
-                f"{unjudged} of {self._over_limit_served.total()} answered over-limit prompt(s) "
-                f"are too short for the rule next to the TTFT noise ({model.scale_ms:.0f} ms): "
-                f"it applies {applies}, the shortest had {min(self._over_limit_served)}"
+                f"contention (delays up to {delay:.0f} ms above the uncontended TTFT): "
+                f"{delayed} of {num_served} answered over-limit prompt(s) were not flagged "
+                "but came within that delay of the intercept, as a skipped prefill delayed "
+                "by it would"
             )
-        if not model.eligible(self._longest_served):
-            return (
-                f"TTFT noise ({model.scale_ms:.0f} ms) hides the prefill of every answered "
-                f"prompt: the rule applies {applies}, the longest answered prompt had "
-                f"{self._longest_served}"
-            )
+        if not self._flagged and not model.eligible(self._longest_served):
+            return model.why_unjudged(self._longest_served)
         return None
 
     def observe(self, plan: RequestPlan, obs: Observation) -> list[Finding]:
@@ -210,9 +240,11 @@ class TimingDetector:
         self._longest_served = max(self._longest_served, plan.num_prompt_tokens)
         if plan.expected == "reject":
             self._over_limit_served[plan.num_prompt_tokens] += 1
+            self._over_limit_open[plan.request_id] = (plan.num_prompt_tokens, ttft_ms)
         finding = self._evaluate(candidate, when="online")
         if finding is not None:
             return [finding]
+        self._cap_over_limit_open()
         if self._model is None or self._model.num_samples < self.min_online_samples:
             self._deferred.add(plan.request_id)
         self._retain(candidate)
@@ -277,6 +309,8 @@ class TimingDetector:
         slope = max(float(result.slope), 0.0)
         low = float(theilslopes(y, x, alpha=0.99).low_slope)
         intercept, scale = _uncontended_center_and_scale(y - slope * x)
+        delays = y - slope * x - intercept
+        self._max_delay_ms = max(float(delays.max()), 0.0)
         self._model = TtftModel(
             ms_per_token_low=max(0.0, min(low, slope)),
             intercept_ms=intercept,
@@ -286,6 +320,8 @@ class TimingDetector:
             num_sigmas=self.num_sigmas,
             fraction=self.fraction,
             min_prefill_ms=self.min_prefill_ms,
+            contention_ms=max(float(np.quantile(delays, self.contention_quantile)), 0.0),
+            contention_quantile=self.contention_quantile,
         )
 
     # -- verdicts -------------------------------------------------------------------------
@@ -299,7 +335,15 @@ class TimingDetector:
         if not model.is_fast(candidate.num_prompt_tokens, candidate.ttft_ms):
             return None
         self._flagged.add(candidate.request_id)
+        self._over_limit_open.pop(candidate.request_id, None)
         return _finding(candidate, model, when)
+
+    def _cap_over_limit_open(self) -> None:
+        """Past `max_retained`, keep the fastest half: only fast ones can make a run not judged."""
+        if len(self._over_limit_open) <= self.max_retained:
+            return
+        fastest = sorted(self._over_limit_open.items(), key=lambda item: item[1][1])
+        self._over_limit_open = dict(fastest[: max(self.max_retained // 2, 1)])
 
     def _retain(self, candidate: _Candidate) -> None:
         self._retained.append(candidate)

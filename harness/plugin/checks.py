@@ -267,12 +267,12 @@ def real_prefill(run: WorkloadResult) -> CheckOutcome:
         why = timing.get("not_judged") or timing.get("reason") or "the detector could not judge"
         return _skipped(f"not judged: {why}", run)
     bar_ms = model.threshold(n_max)
-    if not model.eligible(n_max) or bar_ms <= 0:
+    if not model.eligible(n_max):
+        return _skipped(f"not judged: {model.why_unjudged(n_max)} ({largest})", run)
+    if bar_ms <= 0:
         return _skipped(
-            f"not judged: TTFT noise ({model.scale_ms:.0f} ms) is too large next to the prefill "
-            f"of {largest} (about {model.ms_per_token * n_max:.0f} ms) to tell a skipped "
-            f"prefill from a real one; the rule applies from {model.min_eligible_tokens:.0f} "
-            "tokens",
+            f"not judged: the bar for {largest} is {bar_ms:.0f} ms, and no answer comes "
+            "faster than that",
             run,
         )
     summary = (

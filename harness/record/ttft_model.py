@@ -32,6 +32,13 @@ class TtftModel:
     loaded machine, where contention widens the spread (and so the noise scale) although a
     delay never makes an answer faster. A real prefill falls under either only if it ran
     more than k noise scales, and more than 1/f times, faster than the fit's fast side.
+
+    Flagging and passing are not symmetric. A delay never makes an answer faster, so a TTFT
+    under the bar is a skipped prefill however loaded the machine (`can_flag`). But a
+    skipped prefill answers at about I + the delay contention adds, and where that delay can
+    lift it over the bar, an answer above the bar proves nothing: a length is *judged*
+    (`eligible`: an answer there that is not flagged passes) only where, besides, the bar
+    stands `contention_ms` above I: bar(n) - I >= contention_ms.
     """
 
     intercept_ms: float
@@ -46,6 +53,12 @@ class TtftModel:
     method: str = "siegelslopes"
     ms_per_token_low: float | None = None
     """99 % lower confidence bound of the slope (Theil-Sen); None: the slope itself."""
+    contention_ms: float = 0.0
+    """The delay contention adds that a skipped prefill would get too: a high quantile
+    (`contention_quantile`) of the fit set's residuals above the uncontended line, at least 0
+    (0 in journals from before it)."""
+    contention_quantile: float = 0.9
+    """The quantile of those residuals `contention_ms` is."""
 
     @property
     def slope_low(self) -> float:
@@ -66,12 +79,55 @@ class TtftModel:
         bars = [bar for ok, bar in self._bars(num_tokens) if ok]
         return max(bars) if bars else self._bars(num_tokens)[0][1]
 
-    def eligible(self, num_tokens: float) -> bool:
-        """Whether either bar can judge a prompt of this length."""
+    def can_flag(self, num_tokens: float) -> bool:
+        """Whether a bar applies to this length: an answer under it was not prefilled."""
         return any(ok for ok, _ in self._bars(num_tokens))
 
+    def eligible(self, num_tokens: float) -> bool:
+        """Whether the rule judges a prompt of this length: a bar applies, and it stands
+        `contention_ms` above the intercept, so that a skipped prefill delayed by the
+        contention the fit shows still falls under it (an answer above it then passes)."""
+        return self.can_flag(num_tokens) and self.margin(num_tokens) >= self.contention_ms
+
+    def margin(self, num_tokens: float) -> float:
+        """How far the bar stands above the intercept, where a skipped prefill answers."""
+        return self.threshold(num_tokens) - self.intercept_ms
+
+    def why_unjudged(self, num_tokens: int, *, over_limit: str | None = None) -> str:
+        """Why the rule does not judge `num_tokens` tokens: contention (a bar applies, but a
+        skipped prefill delayed as much as the fit set's answers would clear it) or TTFT noise.
+
+        `over_limit` names the unflagged over-limit answers concerned ("2 of 4 answered
+        over-limit prompt(s)"); None: `num_tokens` is the longest answered prompt.
+        """
+        bar = self.min_eligible_tokens
+        applies = (
+            "never (the fitted slope is 0)" if bar == float("inf") else f"from {bar:.0f} tokens"
+        )
+        if self.can_flag(num_tokens):
+            what = (
+                f"{over_limit} were not flagged there"
+                if over_limit
+                else "nothing was flagged, and the longest answered prompt is that long"
+            )
+            return (
+                f"contention (delays up to {self.contention_ms:.0f} ms, the fit set's "
+                f"{100 * self.contention_quantile:g}th percentile, exceed the bar's margin of "
+                f"{self.margin(num_tokens):.0f} ms at {num_tokens} tokens, so a skipped prefill "
+                f"could answer above the bar): {what}; the rule judges {applies}"
+            )
+        if over_limit:
+            return (
+                f"{over_limit} are too short for the rule next to the TTFT noise "
+                f"({self.scale_ms:.0f} ms): it applies {applies}, the shortest had {num_tokens}"
+            )
+        return (
+            f"TTFT noise ({self.scale_ms:.0f} ms) hides the prefill of every answered prompt: the "
+            f"rule applies {applies}, the longest answered prompt had {num_tokens}"
+        )
+
     def is_fast(self, num_tokens: float, ttft_ms: float) -> bool:
-        return self.eligible(num_tokens) and ttft_ms < self.threshold(num_tokens)
+        return self.can_flag(num_tokens) and ttft_ms < self.threshold(num_tokens)
 
     def _bars(self, n: float) -> tuple[tuple[bool, float], tuple[bool, float]]:
         f, k, low, intercept = self.fraction, self.num_sigmas, self.slope_low, self.intercept_ms
@@ -88,14 +144,14 @@ class TtftModel:
 
     @property
     def min_eligible_tokens(self) -> float:
-        """The shortest prompt either bar applies to (inf if the slope is zero)."""
+        """The shortest prompt the rule judges (`eligible`; inf if the slope is zero)."""
         f, k, low, high = self.fraction, self.num_sigmas, self.slope_low, self.ms_per_token
-        intercept, scale = self.intercept_ms, self.scale_ms
+        intercept, scale, delay = self.intercept_ms, self.scale_ms, self.contention_ms
         if low <= 0:
             return float("inf")
         by_prefill = self.min_prefill_ms / low
-        additive = max(by_prefill, 2 * k * scale / (f * low))
-        by_intercept = max(intercept, 0.0) * (1 - f) / (f * low)
+        additive = max(by_prefill, max(2 * k * scale, k * scale + delay) / (f * low))
+        by_intercept = max((1 - f) * intercept + delay, 0.0) / (f * low)
         by_noise = (k * scale - (1 - f) * intercept) / (high - f * low)
         proportional = max(by_prefill, by_intercept, by_noise)
         return max(0.0, min(additive, proportional))
@@ -105,8 +161,9 @@ class TtftModel:
         return (
             f"flag when ttft < the higher of intercept + {self.fraction:g} x ms_per_token_low x n"
             f" - {self.num_sigmas:g} x scale and {self.fraction:g} x (intercept + "
-            f"ms_per_token_low x n), where each applies; from {self.min_eligible_tokens:.0f} "
-            "tokens"
+            f"ms_per_token_low x n), where each applies; an answer above it passes where the "
+            f"bar stands {self.contention_ms:.0f} ms (contention) above the intercept, from "
+            f"{self.min_eligible_tokens:.0f} tokens"
         )
 
     @classmethod
@@ -122,6 +179,8 @@ class TtftModel:
             min_prefill_ms=float(values["min_prefill_ms"]),
             method=str(values.get("method", "siegelslopes")),
             ms_per_token_low=_optional_float(values.get("ms_per_token_low")),
+            contention_ms=float(values.get("contention_ms", 0.0)),
+            contention_quantile=float(values.get("contention_quantile", 0.9)),
         )
 
     def to_dict(self) -> dict[str, float | int | str]:
@@ -135,6 +194,8 @@ class TtftModel:
             "num_sigmas": self.num_sigmas,
             "fraction": self.fraction,
             "min_prefill_ms": self.min_prefill_ms,
+            "contention_ms": self.contention_ms,
+            "contention_quantile": self.contention_quantile,
             "min_eligible_tokens": self.min_eligible_tokens,
             "method": self.method,
             "rule": self.rule,

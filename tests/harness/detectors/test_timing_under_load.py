@@ -24,12 +24,17 @@ from harness.record.ttft_model import TtftModel
 pytestmark = pytest.mark.slow
 
 
+BURNERS_PER_CORE = 5
+"""As in issue 14: about ten busy processes on two cores, so that the engine, the client and
+the burners queue for the CPU and delays reach the hundreds of milliseconds."""
+
+
 @pytest.fixture
 def cpu_hog() -> Iterator[None]:
-    """One busy-looping process per core, stopped after the test."""
+    """`BURNERS_PER_CORE` busy-looping processes per core, stopped after the test."""
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(os.cpu_count() or 2)
+        for _ in range(BURNERS_PER_CORE * (os.cpu_count() or 2))
     ]
     try:
         yield
@@ -65,9 +70,15 @@ def test_over_pool_probes_under_a_cpu_hog_are_flagged_or_not_judged(
     }
     assert answered, "the vulnerable engine answered no over-pool probe"
     fast = {r["request_id"] for r in rows if r["type"] == "finding" and r["kind"] == "fast_prefill"}
-    timing = json.loads((out / "summary.json").read_text())["timing"]
+    summary = json.loads((out / "summary.json").read_text())
+    timing = summary["timing"]
     if timing.get("not_judged"):
-        assert "not judged" in (out / "report.md").read_text()
+        assert timing["judged"] is False
+        # said in the reports too, unless a fast_prefill finding already fails the check
+        state = summary["checks"]["fast_prefill"]["status"]
+        assert state in ("found", "not judged")
+        if state == "not judged":
+            assert "not judged" in (out / "report.md").read_text()
     else:
         assert answered <= fast, f"{len(answered - fast)} answered over-pool probe(s) not flagged"
     if timing["model"] is not None:

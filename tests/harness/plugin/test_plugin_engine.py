@@ -148,7 +148,7 @@ def test_the_hardened_engine_passes_every_check(pytester: pytest.Pytester) -> No
     # It must never fail: every prompt was really prefilled.
     timing_reason = reasons["test_6_ttft_shows_a_real_prefill"]
     if timing == "skipped":
-        assert timing_reason.startswith("not judged: TTFT noise (")
+        assert timing_reason.startswith(("not judged: TTFT noise (", "not judged: contention ("))
     else:
         assert timing == "passed"
         assert "; a real prefill takes about" in timing_reason

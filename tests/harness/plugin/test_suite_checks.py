@@ -7,6 +7,7 @@ tables a run produces.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -389,3 +390,17 @@ def test_a_failure_names_kind_who_leaked_to_whom_request_excerpt_and_report(
     assert text.count("cross_tenant_canary (critical)") == MAX_FINDINGS_SHOWN
     assert "... and 2 more finding(s)" in text
     assert text.endswith(f"report: {tmp_path / 'report.html'}")
+
+
+def test_contention_larger_than_the_bar_margin_skips_check_6_as_not_judged(
+    tmp_path: Path,
+) -> None:
+    # a clean line where a few answers waited 1.5 s in a queue: a skipped prefill delayed
+    # that much would clear the bar at the largest prompt, so passing it would prove nothing
+    requests = linear_ttfts(noise_ms=2.0)
+    for i in (2, 7, 11, 16):
+        requests[i] = dataclasses.replace(requests[i], ttft_ms=requests[i].ttft_ms + 1500.0)
+    outcome = real_prefill(write_run(tmp_path, requests, []))
+    assert outcome.status == "skipped"
+    assert outcome.reason.startswith("not judged: contention (delays up to ")
+    assert "exceed the bar's margin of " in outcome.reason
