@@ -11,6 +11,7 @@ any 4 consecutive characters of the planted key.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +35,17 @@ def leaked(text: str) -> list[str]:
     return [w for w in WINDOWS if w in text]
 
 
+DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+")
+"""The report's embedded plots: 120 kB of base64 PNG holds one of the key's 21 windows
+by chance in about one run in seven (21 x 120k / 64^4), and pixels cannot carry its text."""
+
+
 def leaked_in_files(root: Path) -> dict[str, list[str]]:
     found = {}
     for path in root.rglob("*"):
         if path.is_file():
-            hits = leaked(path.read_bytes().decode("utf-8", "replace"))
+            text = path.read_bytes().decode("utf-8", "replace")
+            hits = leaked(DATA_URI.sub("data:", text))
             if hits:
                 found[path.relative_to(root).as_posix()] = hits
     return found
