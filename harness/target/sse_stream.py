@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,6 +318,14 @@ def _text_of(value: Any, name: str) -> str:
     return value
 
 
+_scan_once: Callable[[str, int], tuple[Any, int]]
+_scan_once = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""The C scanner `json.loads` ends in, called directly: what `loads` returns for a document
+with no whitespace around it (as every engine writes a `data:` line), without its two Python
+layers and two whitespace matches, about 0.9 µs of its 2 µs per event. A document it does
+not take whole (whitespace, extra data, an error) goes to `loads` for the verdict."""
+
+
 def _parse_json(data: str) -> Any:
     """`bounded.loads(data)`, with its checks skipped where they cannot fire: a document with
     at most `MAX_JSON_DEPTH` brackets cannot nest deeper, and one without `\\u` has no
@@ -324,9 +333,12 @@ def _parse_json(data: str) -> Any:
     refuses goes to `loads` for the verdict."""
     if "\\u" not in data and data.count("{") + data.count("[") <= MAX_JSON_DEPTH:
         try:
-            return json.loads(data)
-        except ValueError:
+            value, end = _scan_once(data, 0)
+        except (StopIteration, ValueError):
             pass
+        else:
+            if end == len(data):
+                return value
     return loads(data)
 
 

@@ -110,7 +110,10 @@ def verdict(parse: Any, text: str) -> Any:
 @given(JSON_VALUES, st.sampled_from(["", "\\ud800", "[" * (MAX_JSON_DEPTH + 1), "{", "é"]))
 def test_the_json_fast_path_gives_bounded_loads_verdicts(value: Any, noise: str) -> None:
     text = json.dumps(value)
-    for candidate in (text, text[:-1] + noise + text[-1:], noise + text, json.dumps([noise])):
+    candidates = [text, text[:-1] + noise + text[-1:], noise + text, json.dumps([noise])]
+    # around the document: whitespace `loads` allows, and data after it that it refuses
+    candidates += [f" {text}", f"{text}\n", f"{text} {text}", text + noise]
+    for candidate in candidates:
         assert verdict(sse_stream._parse_json, candidate) == verdict(loads, candidate)
 
 
