@@ -11,8 +11,8 @@ would replace that and run them.
 Tests marked `timing` need the real wall clock and race against a loaded machine (a
 prefill's duration, a KV write in flight, a cache hit's saving). Where no deterministic
 clock can stand in, a failure is rerun up to `TIMING_RERUNS` times (pytest-rerunfailures);
-every rerun is reported in the progress line (`R`) and the summary, never hidden, and a
-test that fails every attempt fails the run.
+every rerun is reported in the progress line (`R`) and named in the summary (`-raR`),
+never hidden, and a test that fails every attempt fails the run.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ reported, a test that fails every attempt fails the run, and an empty run is a f
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest((ROOT / "conftest.py").read_text())
-    pytester.makeini("[pytest]\nmarkers =\n    timing: real wall clock\n    soak: the soak\n")
+    # the project's own addopts, so the summary below is the one CI prints
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+        "addopts"
+    ]
+    pytester.makeini(
+        f"[pytest]\naddopts = {addopts}\n"
+        "markers =\n    timing: real wall clock\n    soak: the soak\n"
+    )
     return pytester
 
 
@@ -39,6 +47,10 @@ def test_a_timing_test_that_passes_on_a_rerun_passes_and_the_rerun_is_reported(
     result = project.runpytest_subprocess("-p", "no:cacheprovider")
     # an untimed test is never rerun
     assert result.parseoutcomes() == {"passed": 1, "failed": 1, "rerun": 1}
+    # and the rerun is named in the summary, so a log says which test lost a race
+    result.stdout.fnmatch_lines(["*rerun test summary info*", "RERUN *::test_races_once"])
+    reruns = [line for line in result.outlines if line.startswith("RERUN ")]
+    assert len(reruns) == 1, reruns
 
 
 def test_a_timing_test_that_fails_every_attempt_fails_the_run(project: pytest.Pytester) -> None:
