@@ -169,11 +169,11 @@ def first_content(line: str) -> str:
 class HarnessClient:
     def __init__(self, url: str, concurrency: int, backend: Backend = DEFAULT_BACKEND) -> None:
         timeout = httpx.Timeout(60.0)
-        self._http = make_http_client(max_concurrency=concurrency, timeout=timeout, backend=backend)
-        self._target = TargetClient(self._http, url, model="m")
+        self.http = make_http_client(max_concurrency=concurrency, timeout=timeout, backend=backend)
+        self.target = TargetClient(self.http, url, model="m")
 
     async def one(self, i: int, num_chunks: int) -> Sample:
-        obs = await self._target.send(
+        obs = await self.target.send(
             plan_for(num_chunks, i), TENANT, t_scheduled_ns=time.perf_counter_ns()
         )
         assert obs.ok, obs.error
@@ -182,7 +182,7 @@ class HarnessClient:
         return Sample(obs.t_first_token_ns - server_ns, obs.num_chunks)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self.http.aclose()
 
 
 class HarnessOnHttpcoreClient(HarnessClient):
@@ -217,13 +217,13 @@ class RawHttpxClient:
 class AiohttpClient:
     def __init__(self, url: str, concurrency: int) -> None:
         connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=4.0)
-        self._session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
-        self._url = f"{url}/v1/chat/completions"
+        self.session = aiohttp.ClientSession(connector=connector, read_bufsize=4 * 1024 * 1024)
+        self.url = f"{url}/v1/chat/completions"
 
     async def one(self, i: int, num_chunks: int) -> Sample:
         first: int | None = None
         server_ns = num_events = 0
-        async with self._session.post(self._url, json=body_for(num_chunks)) as response:
+        async with self.session.post(self.url, json=body_for(num_chunks)) as response:
             async for raw in response.content:
                 text = first_content(raw.decode())
                 if text:
@@ -234,7 +234,7 @@ class AiohttpClient:
         return Sample(first - server_ns, num_events)
 
     async def close(self) -> None:
-        await self._session.close()
+        await self.session.close()
 
 
 FACTORIES: dict[str, Callable[[str, int], Any]] = {

@@ -5,13 +5,15 @@ once, the client's own CPU per request sets the rate, and there the harness trai
 aiohttp. This measures the harness's path cut at each layer, on the same server, in
 interleaved rounds, as CPU µs per request (`process_time`, medians over rounds):
 
-    aiohttp-bytes     aiohttp session, body read with `iter_any`, nothing parsed: the I/O floor
-    aiohttp           bench_client's baseline: line reads, json.loads, stamp (what 1.00x means)
+    aiohttp-bytes     the baseline's aiohttp session, body read with `iter_any`, nothing
+                      parsed: the I/O floor
+    aiohttp           bench_client's `aiohttp` client: line reads, json.loads, stamp (1.00x)
     transport         `HttpClient.direct.handle_async_request` on one prebuilt request, body
                       read chunk by chunk: the httpx-aiohttp layer over aiohttp
     transport+build   the same with `TargetClient.build_request` for every request
-    send              `TargetClient.send`: the above plus metering, SSE decoding, parsing
-                      every field the detectors read, stamping and the observation
+    send              bench_client's `harness` client (`TargetClient.send`): the above plus
+                      metering, SSE decoding, parsing every field the detectors read,
+                      stamping and the observation
 
     .venv/bin/python benchmarks/bench_client_layers.py            # 5 rounds of 1,500 requests
     .venv/bin/python benchmarks/bench_client_layers.py --quick    # smoke run, seconds
@@ -35,7 +37,6 @@ import aiohttp
 import bench_client
 import httpx
 
-from harness.target.client import TargetClient, make_http_client
 from harness.target.http_client import HttpClient
 
 Layer = Callable[[], Awaitable[None]]
@@ -47,19 +48,17 @@ async def measure(
     url: str, *, num_chunks: int, num_requests: int, rounds: int
 ) -> dict[str, list[float]]:
     """CPU µs per request of each layer, one list entry per round."""
-    http = make_http_client(max_concurrency=1, timeout=httpx.Timeout(60.0))
-    if not isinstance(http, HttpClient) or http.direct is None:
+    harness = bench_client.HarnessClient(url, 1)
+    if not isinstance(harness.http, HttpClient) or harness.http.direct is None:
         raise SystemExit("a proxy is set in the environment: requests do not go direct")
-    direct = http.direct
-    target = TargetClient(http, url, model="m")
-    plan = bench_client.plan_for(num_chunks, 0)
-    prebuilt = target.build_request(plan, bench_client.TENANT)
+    direct = harness.http.direct
     baseline = bench_client.AiohttpClient(url, 1)
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+    plan = bench_client.plan_for(num_chunks, 0)
+    prebuilt = harness.target.build_request(plan, bench_client.TENANT)
     body = bench_client.body_for(num_chunks)
 
     async def aiohttp_bytes() -> None:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+        async with baseline.session.post(baseline.url, json=body) as response:
             async for _ in response.content.iter_any():
                 pass
 
@@ -74,12 +73,11 @@ async def measure(
         await response.aclose()
 
     async def transport_build() -> None:
-        await transport(target.build_request(plan, bench_client.TENANT))
+        await transport(harness.target.build_request(plan, bench_client.TENANT))
 
     async def send() -> None:
-        observation = await target.send(plan, bench_client.TENANT, t_scheduled_ns=0)
-        assert observation.ok, observation.error
-        assert observation.num_chunks == num_chunks, observation.num_chunks
+        sample = await harness.one(0, num_chunks)
+        assert sample.num_events == num_chunks, sample.num_events
 
     layers: dict[str, Layer] = {
         "aiohttp-bytes": aiohttp_bytes,
@@ -102,9 +100,8 @@ async def measure(
                 cpu[name].append((time.process_time() - cpu0) / num_requests * 1e6)
                 print(f"{name:>16} {cpu[name][-1]:6.0f} µs CPU/request", file=sys.stderr)
     finally:
-        await session.close()
         await baseline.close()
-        await http.aclose()
+        await harness.close()
     return cpu
 
 
