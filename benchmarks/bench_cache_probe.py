@@ -39,8 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from harness.cache_probe.probe import DEFAULT_NUM_TRIALS, DEFAULT_PROMPT_TOKENS, ProbeSettings
-from harness.cache_probe.stats import DEFAULT_ALPHA, compare_arms, holm
+from kvcanary.harness.cache_probe.probe import (
+    DEFAULT_NUM_TRIALS,
+    DEFAULT_PROMPT_TOKENS,
+    ProbeSettings,
+)
+from kvcanary.harness.cache_probe.stats import DEFAULT_ALPHA, compare_arms, holm
 
 SPEEDUPS = (1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
 TRIALS = (5, 8, 10, 15, 20, 30, 50, 80, 120)
@@ -130,9 +134,9 @@ def run_simulation(num_reps: int, num_pairs: int, alpha: float, quick: bool) -> 
 
 
 async def engine_probe(base_url: str, settings: ProbeSettings, tenants: list[Any]) -> Any:
-    from canaries import load_tokenizer
-    from harness.cache_probe.probe import run_cache_probe
-    from harness.target.client import TargetClient, make_http_client
+    from kvcanary.canaries import load_tokenizer
+    from kvcanary.harness.cache_probe.probe import run_cache_probe
+    from kvcanary.harness.target.client import TargetClient, make_http_client
 
     async with make_http_client(max_concurrency=2) as http:
         client = TargetClient(http, base_url, model="kvcanary-reference")
@@ -160,7 +164,7 @@ def resampled_power(
     result: Any, num_trials: int, num_reps: int, rng: np.random.Generator
 ) -> dict[str, float]:
     """Timing-only detection rates when each arm has `num_trials` of the measured TTFTs."""
-    from harness.cache_probe.stats import ArmPair, ArmSample, assess
+    from kvcanary.harness.cache_probe.stats import ArmPair, ArmSample, assess
 
     def arm(kind: str, pair: tuple[str, str] | None) -> np.ndarray:
         return np.array(
@@ -199,8 +203,8 @@ def resampled_power(
 
 
 def run_engine(quick: bool, num_fpr_runs: int, num_reps: int) -> dict[str, Any]:
-    from reference_engine.server.launch import running_engine
-    from tenants.tenant import Tenant
+    from kvcanary.reference_engine.server.launch import running_engine
+    from kvcanary.tenants.tenant import Tenant
 
     tenants = [Tenant("tenant-0"), Tenant("tenant-1")]
     prompt_tokens = 512 if quick else DEFAULT_PROMPT_TOKENS

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from canaries import (
+from kvcanary.canaries import (
     WORDS,
     CanaryIndex,
     CanaryMinter,
@@ -46,7 +46,7 @@ from canaries import (
     load_tokenizer,
     scanner_fast,
 )
-from canaries.prose import Prose
+from kvcanary.canaries.prose import Prose
 
 NUM_TOKENS = 1_048_576
 NUM_LIVE = 100_000

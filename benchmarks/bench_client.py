@@ -46,10 +46,10 @@ from typing import Any
 import aiohttp
 import httpx
 
-from harness.target.client import TargetClient, default_limits, make_http_client
-from harness.target.http_client import DEFAULT_BACKEND, Backend
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.target.client import TargetClient, default_limits, make_http_client
+from kvcanary.harness.target.http_client import DEFAULT_BACKEND, Backend
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 Message = MutableMapping[str, Any]
 TENANT = Tenant(name="bench")

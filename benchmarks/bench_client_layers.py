@@ -37,7 +37,7 @@ import aiohttp
 import bench_client
 import httpx
 
-from harness.target.http_client import HttpClient
+from kvcanary.harness.target.http_client import HttpClient
 
 Layer = Callable[[], Awaitable[None]]
 LAYERS = ["aiohttp-bytes", "aiohttp", "transport", "transport+build", "send"]

@@ -33,15 +33,15 @@ from collections.abc import Callable
 
 import torch
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import DisaggregatedEngine
-from reference_engine.interfaces import GenerateRequest
-from reference_engine.model.attention import contiguous_attention
-from reference_engine.model.cache import ContiguousCache, PagedView
-from reference_engine.model.transformer import ForwardBatch, RecallTransformer
-from reference_engine.model_runner import ModelRunner
-from reference_engine.recall_schedule import recall_position
-from reference_engine.sequence import Req
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.engine import DisaggregatedEngine
+from kvcanary.reference_engine.interfaces import GenerateRequest
+from kvcanary.reference_engine.model.attention import contiguous_attention
+from kvcanary.reference_engine.model.cache import ContiguousCache, PagedView
+from kvcanary.reference_engine.model.transformer import ForwardBatch, RecallTransformer
+from kvcanary.reference_engine.model_runner import ModelRunner
+from kvcanary.reference_engine.recall_schedule import recall_position
+from kvcanary.reference_engine.sequence import Req
 
 VOCAB = 100_277
 

@@ -33,11 +33,11 @@ from typing import Any
 import bench_client
 import httpx
 
-from canaries import CanaryMinter, build_prompt, load_tokenizer, siphash
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import BACKENDS
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries import CanaryMinter, build_prompt, load_tokenizer, siphash
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import BACKENDS
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 NUM_TOKENS = 1_048_576
 TENANT = Tenant(name="bench")

@@ -40,9 +40,9 @@ STEPS = ("import", "parse", "frames", "render", "render-events", "render-baselin
 
 def child(step: str, run_dir: Path) -> None:
     """One measured step, in this (fresh) process; prints seconds and peak RSS as JSON."""
-    from harness.record.journal import read_journal
-    from reports.frames import load_frames
-    from reports.render import render_run
+    from kvcanary.harness.record.journal import read_journal
+    from kvcanary.reports.frames import load_frames
+    from kvcanary.reports.render import render_run
 
     start = time.perf_counter()
     detail: dict[str, object] = {}
@@ -69,7 +69,7 @@ def child(step: str, run_dir: Path) -> None:
 
 
 def _without_fast_path() -> None:
-    from reports import frames, journal_scan, render
+    from kvcanary.reports import frames, journal_scan, render
 
     def slow(*args: object) -> Any:
         raise journal_scan.SlowPathNeeded("switched off by the benchmark")

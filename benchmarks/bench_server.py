@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from reference_engine.server.launch import running_engine
+from kvcanary.reference_engine.server.launch import running_engine
 
 
 async def _one(client: httpx.AsyncClient, index: int, args: argparse.Namespace) -> float:

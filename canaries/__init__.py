@@ -17,54 +17,54 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from canaries.errors import CanaryError as CanaryError
-    from canaries.hit import Hit as Hit
-    from canaries.hit import Owner as Owner
-    from canaries.hit import Relation as Relation
-    from canaries.hit import classify as classify
-    from canaries.index import CanaryIndex as CanaryIndex
-    from canaries.index import StreamScanner as StreamScanner
-    from canaries.index import min_fragment_words as min_fragment_words
-    from canaries.mint import CanaryMinter as CanaryMinter
-    from canaries.mint import CanaryOrigin as CanaryOrigin
-    from canaries.normalize import Folded as Folded
-    from canaries.normalize import fold as fold
-    from canaries.prompt import BuiltPrompt as BuiltPrompt
-    from canaries.prompt import build_prompt as build_prompt
-    from canaries.remote_tokenizer import RemoteTokenizer as RemoteTokenizer
-    from canaries.shape import CANARY_PATTERN as CANARY_PATTERN
-    from canaries.shape import TAG as TAG
-    from canaries.shape import WORDS as WORDS
-    from canaries.span import CanarySpan as CanarySpan
-    from canaries.tokenizer import Tokenizer as Tokenizer
-    from canaries.tokenizer import load_tokenizer as load_tokenizer
+    from kvcanary.canaries.errors import CanaryError as CanaryError
+    from kvcanary.canaries.hit import Hit as Hit
+    from kvcanary.canaries.hit import Owner as Owner
+    from kvcanary.canaries.hit import Relation as Relation
+    from kvcanary.canaries.hit import classify as classify
+    from kvcanary.canaries.index import CanaryIndex as CanaryIndex
+    from kvcanary.canaries.index import StreamScanner as StreamScanner
+    from kvcanary.canaries.index import min_fragment_words as min_fragment_words
+    from kvcanary.canaries.mint import CanaryMinter as CanaryMinter
+    from kvcanary.canaries.mint import CanaryOrigin as CanaryOrigin
+    from kvcanary.canaries.normalize import Folded as Folded
+    from kvcanary.canaries.normalize import fold as fold
+    from kvcanary.canaries.prompt import BuiltPrompt as BuiltPrompt
+    from kvcanary.canaries.prompt import build_prompt as build_prompt
+    from kvcanary.canaries.remote_tokenizer import RemoteTokenizer as RemoteTokenizer
+    from kvcanary.canaries.shape import CANARY_PATTERN as CANARY_PATTERN
+    from kvcanary.canaries.shape import TAG as TAG
+    from kvcanary.canaries.shape import WORDS as WORDS
+    from kvcanary.canaries.span import CanarySpan as CanarySpan
+    from kvcanary.canaries.tokenizer import Tokenizer as Tokenizer
+    from kvcanary.canaries.tokenizer import load_tokenizer as load_tokenizer
 
 # Eager, and light (hashlib): a lazy `redact` would be shadowed by the submodule of the same
 # name as soon as anything imports `canaries.redact` directly.
-from canaries.redact import redact
+from kvcanary.canaries.redact import redact
 
 _EXPORTS: dict[str, str] = {
-    "CanaryError": "canaries.errors",
-    "Hit": "canaries.hit",
-    "Owner": "canaries.hit",
-    "Relation": "canaries.hit",
-    "classify": "canaries.hit",
-    "CanaryIndex": "canaries.index",
-    "StreamScanner": "canaries.index",
-    "min_fragment_words": "canaries.index",
-    "CanaryMinter": "canaries.mint",
-    "CanaryOrigin": "canaries.mint",
-    "Folded": "canaries.normalize",
-    "fold": "canaries.normalize",
-    "BuiltPrompt": "canaries.prompt",
-    "build_prompt": "canaries.prompt",
-    "RemoteTokenizer": "canaries.remote_tokenizer",
-    "CANARY_PATTERN": "canaries.shape",
-    "TAG": "canaries.shape",
-    "WORDS": "canaries.shape",
-    "CanarySpan": "canaries.span",
-    "Tokenizer": "canaries.tokenizer",
-    "load_tokenizer": "canaries.tokenizer",
+    "CanaryError": "kvcanary.canaries.errors",
+    "Hit": "kvcanary.canaries.hit",
+    "Owner": "kvcanary.canaries.hit",
+    "Relation": "kvcanary.canaries.hit",
+    "classify": "kvcanary.canaries.hit",
+    "CanaryIndex": "kvcanary.canaries.index",
+    "StreamScanner": "kvcanary.canaries.index",
+    "min_fragment_words": "kvcanary.canaries.index",
+    "CanaryMinter": "kvcanary.canaries.mint",
+    "CanaryOrigin": "kvcanary.canaries.mint",
+    "Folded": "kvcanary.canaries.normalize",
+    "fold": "kvcanary.canaries.normalize",
+    "BuiltPrompt": "kvcanary.canaries.prompt",
+    "build_prompt": "kvcanary.canaries.prompt",
+    "RemoteTokenizer": "kvcanary.canaries.remote_tokenizer",
+    "CANARY_PATTERN": "kvcanary.canaries.shape",
+    "TAG": "kvcanary.canaries.shape",
+    "WORDS": "kvcanary.canaries.shape",
+    "CanarySpan": "kvcanary.canaries.span",
+    "Tokenizer": "kvcanary.canaries.tokenizer",
+    "load_tokenizer": "kvcanary.canaries.tokenizer",
 }
 
 __all__ = [

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from canaries.costs import canary_costs
-from canaries.shape import WORD_INDEX, WORDS
-from canaries.tokenizer import Tokenizer
+from kvcanary.canaries.costs import canary_costs
+from kvcanary.canaries.shape import WORD_INDEX, WORDS
+from kvcanary.canaries.tokenizer import Tokenizer
 
 MIN_LETTERS = 2048
 """The fewest words an alphabet may have: 11 bits per word, 66 bits in 6 words."""

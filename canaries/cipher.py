@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from canaries.siphash import U64, siphash24
+from kvcanary.canaries.siphash import U64, siphash24
 
 NUM_ROUNDS = 8
 _BLOCK_LANES = 16_384

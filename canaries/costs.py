@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from canaries.shape import TAG, WORDS
-from canaries.tokenizer import Tokenizer
+from kvcanary.canaries.shape import TAG, WORDS
+from kvcanary.canaries.tokenizer import Tokenizer
 
 _ANCHOR = "Note:"
 

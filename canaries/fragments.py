@@ -37,8 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from canaries.mint import CanaryMinter
-from canaries.shape import WORD_LENGTH
+from kvcanary.canaries.mint import CanaryMinter
+from kvcanary.canaries.shape import WORD_LENGTH
 
 FALSE_POSITIVE_RATE = 1e-9
 MAX_LIVE = 1 << 20

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from canaries.errors import CanaryError
+from kvcanary.canaries.errors import CanaryError
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from canaries.mint import CanaryOrigin
+from kvcanary.canaries.mint import CanaryOrigin
 
 Layer = Literal["exact", "normalized", "fragment"]
 

@@ -50,14 +50,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import filterfalse
 
-from canaries import scanner_fast
-from canaries.errors import CanaryError
-from canaries.fragments import MAX_LIVE, MAX_RESPONSE_CHARS, FragmentRule, fragment_rule
-from canaries.fragments import min_fragment_words as min_fragment_words
-from canaries.hit import Hit, Layer, Owner, Relation, classify, gc_paused
-from canaries.mint import CanaryMinter, CanaryOrigin
-from canaries.normalize import fold_readings
-from canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, canonical
+from kvcanary.canaries import scanner_fast
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.fragments import MAX_LIVE, MAX_RESPONSE_CHARS, FragmentRule, fragment_rule
+from kvcanary.canaries.fragments import min_fragment_words as min_fragment_words
+from kvcanary.canaries.hit import Hit, Layer, Owner, Relation, classify, gc_paused
+from kvcanary.canaries.mint import CanaryMinter, CanaryOrigin
+from kvcanary.canaries.normalize import fold_readings
+from kvcanary.canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, canonical
 
 __all__ = ["CanaryIndex", "Hit", "Owner", "Relation", "StreamScanner", "classify"]
 

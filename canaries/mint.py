@@ -39,12 +39,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from canaries.alphabet import DEFAULT_ALPHABET, MIN_LETTERS, Alphabet
-from canaries.cipher import FeistelCipher, from_digits, to_digits
-from canaries.costs import canary_costs
-from canaries.errors import CanaryError
-from canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, WORDS, canonical
-from canaries.tokenizer import Tokenizer
+from kvcanary.canaries.alphabet import DEFAULT_ALPHABET, MIN_LETTERS, Alphabet
+from kvcanary.canaries.cipher import FeistelCipher, from_digits, to_digits
+from kvcanary.canaries.costs import canary_costs
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.shape import (
+    MAX_WORDS,
+    MIN_WORDS,
+    TAG,
+    WORD_INDEX,
+    WORD_LENGTH,
+    WORDS,
+    canonical,
+)
+from kvcanary.canaries.tokenizer import Tokenizer
 
 TENANT_BITS = 8
 REQUEST_BITS = 22
@@ -66,7 +74,7 @@ _WORD_TABLE, _ROW, _TAG_ASCII = _WORD_BYTES.tobytes(), WORD_LENGTH + 1, TAG.enco
 
 def _load_spell() -> Callable[[Any, bytes, int, bytes], list[str]] | None:
     try:
-        from canaries._columns import spell
+        from kvcanary.canaries._columns import spell
     except ImportError:  # installed without a C compiler: numpy rows, then slices
         return None
     return spell

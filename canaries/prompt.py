@@ -41,13 +41,13 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from canaries.costs import PAD_WORD, CanaryCosts, canary_costs
-from canaries.errors import CanaryError
-from canaries.mint import NUM_INDICES, CanaryMinter
-from canaries.prose import NUM_VARIANTS, Prose
-from canaries.shape import TAG, WORDS
-from canaries.span import CanarySpan, spans_from_columns
-from canaries.tokenizer import HuggingFaceTokenizer, TiktokenTokenizer, Tokenizer
+from kvcanary.canaries.costs import PAD_WORD, CanaryCosts, canary_costs
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.mint import NUM_INDICES, CanaryMinter
+from kvcanary.canaries.prose import NUM_VARIANTS, Prose
+from kvcanary.canaries.shape import TAG, WORDS
+from kvcanary.canaries.span import CanarySpan, spans_from_columns
+from kvcanary.canaries.tokenizer import HuggingFaceTokenizer, TiktokenTokenizer, Tokenizer
 
 Filler = Literal["prose", "none"]
 _MAX_REPAIRS = 32

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import random
 
-from canaries.costs import count_in_context
-from canaries.errors import CanaryError
-from canaries.tokenizer import Tokenizer
+from kvcanary.canaries.costs import count_in_context
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.tokenizer import Tokenizer
 
 NUM_VARIANTS = 16
 

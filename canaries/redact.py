@@ -22,10 +22,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from canaries.errors import CanaryError
+from kvcanary.canaries.errors import CanaryError
 
 if TYPE_CHECKING:  # the package imports this module eagerly, and `hit` pulls in numpy
-    from canaries.hit import Hit
+    from kvcanary.canaries.hit import Hit
 
 
 def redact(text: str, hits: Sequence[Hit]) -> str:

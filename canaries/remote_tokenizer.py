@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 import httpx
 
-from canaries.errors import CanaryError
-from canaries.shape import TAG, WORDS
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.shape import TAG, WORDS
 
 Style = Literal["auto", "sglang", "vllm", "llamacpp"]
 STYLES: tuple[Style, ...] = ("sglang", "vllm", "llamacpp")

@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from canaries.hit import Hit, Owner, hits_from_columns
-from canaries.normalize import _ASCII_BYTES_TABLE, _fold_char
-from canaries.shape import TAG, WORD_LENGTH
+from kvcanary.canaries.hit import Hit, Owner, hits_from_columns
+from kvcanary.canaries.normalize import _ASCII_BYTES_TABLE, _fold_char
+from kvcanary.canaries.shape import TAG, WORD_LENGTH
 
 if TYPE_CHECKING:
-    from canaries.index import CanaryIndex
+    from kvcanary.canaries.index import CanaryIndex
 
 MAX_MATCH = 512
 """Window half-width around a seed the oracle resolves (= `canaries.index.MAX_MATCH`)."""
@@ -121,7 +121,7 @@ FoldScan = Callable[[str, int, Callable[[int], int]], "tuple[bytes, bytes, bytes
 
 def _load_core() -> FoldScan | None:
     try:
-        from canaries._foldscan import fold_scan
+        from kvcanary.canaries._foldscan import fold_scan
     except ImportError:  # installed without a C compiler: the pure-Python steps
         return None
     return fold_scan
@@ -133,7 +133,7 @@ buffer, and the resolution of tags and making of exact hits), or None when it wa
 built; `find` and `find_exact` give the same hits either way."""
 
 if CORE is not None:
-    from canaries._foldscan import exact_scan as _c_exact_scan
+    from kvcanary.canaries._foldscan import exact_scan as _c_exact_scan
 
 
 def find(index: CanaryIndex, buffer: str, base: int, after: int, until: int) -> list[Hit]:

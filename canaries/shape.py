@@ -16,15 +16,15 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from canaries.errors import CanaryError
-from canaries.make_words import TAG as TAG
-from canaries.make_words import WORD_LENGTH as WORD_LENGTH
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.make_words import TAG as TAG
+from kvcanary.canaries.make_words import WORD_LENGTH as WORD_LENGTH
 
 MIN_WORDS = 6
 MAX_WORDS = 10
 
 WORDS: tuple[str, ...] = tuple(
-    resources.files("canaries").joinpath("words.txt").read_text("ascii").split()
+    resources.files("kvcanary.canaries").joinpath("words.txt").read_text("ascii").split()
 )
 WORD_INDEX: dict[str, int] = {word: digit for digit, word in enumerate(WORDS)}
 assert len(WORD_INDEX) == len(WORDS) >= 3251, "the word list must carry >= 70 bits in 6 words"

@@ -53,7 +53,7 @@ def _rounds(v0: U64, v1: U64, v2: U64, v3: U64, scratch: U64, num: int) -> None:
 
 def _load_core() -> Callable[[int, int, U64, U64], None] | None:
     try:
-        from canaries._siphash import siphash24_into
+        from kvcanary.canaries._siphash import siphash24_into
     except ImportError:  # installed without a C compiler: the numpy rounds
         return None
     return siphash24_into

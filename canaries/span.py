@@ -27,7 +27,7 @@ FromColumns = Callable[..., tuple[Any, ...]]
 
 def _load_core() -> FromColumns | None:
     try:
-        from canaries._columns import from_columns
+        from kvcanary.canaries._columns import from_columns
     except ImportError:  # installed without a C compiler: the C-level map loops below
         return None
     return from_columns

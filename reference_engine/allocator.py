@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
-from reference_engine.config import FREE_ORDERS
-from reference_engine.invariants import InvariantViolation
+from kvcanary.reference_engine.config import FREE_ORDERS
+from kvcanary.reference_engine.invariants import InvariantViolation
 
 RESERVED_PAGE = 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from canaries.errors import ConfigError
+from kvcanary.canaries.errors import ConfigError
 
 ENGINE_MODULES = ("torch", "fastapi", "uvicorn", "prometheus_client")
 INSTALL_HINT = "pip install 'kvcanary[engine]'"

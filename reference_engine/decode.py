@@ -26,11 +26,11 @@ import logging
 from collections.abc import AsyncGenerator, Coroutine, Iterable, Sequence
 from typing import Any
 
-from reference_engine import finish
-from reference_engine.config import EngineConfig
-from reference_engine.decode_scheduler import DecodeScheduler
-from reference_engine.finish import FinishAbort
-from reference_engine.interfaces import (
+from kvcanary.reference_engine import finish
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.decode_scheduler import DecodeScheduler
+from kvcanary.reference_engine.finish import FinishAbort
+from kvcanary.reference_engine.interfaces import (
     FinishOut,
     GenerateRequest,
     HeadOut,
@@ -39,11 +39,11 @@ from reference_engine.interfaces import (
     TransferBackend,
     TransferMetadata,
 )
-from reference_engine.model_runner import ModelRunner
-from reference_engine.page_tags import PageTags
-from reference_engine.sequence import Req
-from reference_engine.side_base import SideBase
-from reference_engine.tokenizer import Detokenizer, Tokenizer
+from kvcanary.reference_engine.model_runner import ModelRunner
+from kvcanary.reference_engine.page_tags import PageTags
+from kvcanary.reference_engine.sequence import Req
+from kvcanary.reference_engine.side_base import SideBase
+from kvcanary.reference_engine.tokenizer import Detokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 Event = HeadOut | TokenOut | FinishOut

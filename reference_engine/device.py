@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from canaries.errors import ConfigError
+from kvcanary.canaries.errors import ConfigError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -19,19 +19,19 @@ import time
 from dataclasses import dataclass
 from types import TracebackType
 
-from reference_engine.config import EngineConfig
-from reference_engine.decode import DecodeServer
-from reference_engine.interfaces import (
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.decode import DecodeServer
+from kvcanary.reference_engine.interfaces import (
     FinishOut,
     GenerateRequest,
     HeadOut,
     TokenOut,
     TransferBackend,
 )
-from reference_engine.model_runner import ModelRunner
-from reference_engine.prefill import PrefillServer
-from reference_engine.tokenizer import Tokenizer, load_tokenizer
-from reference_engine.transfer import InProcessTransfer
+from kvcanary.reference_engine.model_runner import ModelRunner
+from kvcanary.reference_engine.prefill import PrefillServer
+from kvcanary.reference_engine.tokenizer import Tokenizer, load_tokenizer
+from kvcanary.reference_engine.transfer import InProcessTransfer
 
 
 def build_prefill(config: EngineConfig, transfer: TransferBackend) -> PrefillServer:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from reference_engine.interfaces import FinishOut
+from kvcanary.reference_engine.interfaces import FinishOut
 
 BAD_REQUEST = "BadRequestError"
 INTERNAL_ERROR = "InternalServerError"

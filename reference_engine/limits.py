@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_engine import finish
-from reference_engine.config import EngineConfig
-from reference_engine.finish import FinishAbort
+from kvcanary.reference_engine import finish
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.finish import FinishAbort
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 
 import torch
 
-from reference_engine import kv_codec
-from reference_engine.config import EngineConfig
-from reference_engine.device import kv_dtype, resolve_device
-from reference_engine.model.cache import PagedView
-from reference_engine.model.transformer import ForwardBatch, RecallTransformer
-from reference_engine.recall_schedule import recall_position, schedule_salt
-from reference_engine.sequence import Req
+from kvcanary.reference_engine import kv_codec
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.device import kv_dtype, resolve_device
+from kvcanary.reference_engine.model.cache import PagedView
+from kvcanary.reference_engine.model.transformer import ForwardBatch, RecallTransformer
+from kvcanary.reference_engine.recall_schedule import recall_position, schedule_salt
+from kvcanary.reference_engine.sequence import Req
 
 
 class ModelRunner:

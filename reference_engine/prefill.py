@@ -25,10 +25,10 @@ import logging
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from reference_engine import finish
-from reference_engine.config import EngineConfig
-from reference_engine.finish import FinishAbort
-from reference_engine.interfaces import (
+from kvcanary.reference_engine import finish
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.finish import FinishAbort
+from kvcanary.reference_engine.interfaces import (
     FinishOut,
     GenerateRequest,
     KVPoll,
@@ -36,10 +36,10 @@ from reference_engine.interfaces import (
     TransferBackend,
     TransferStatus,
 )
-from reference_engine.model_runner import ModelRunner
-from reference_engine.prefill_scheduler import CACHE_OWNER, PrefillScheduler
-from reference_engine.sequence import Req
-from reference_engine.side_base import SideBase
+from kvcanary.reference_engine.model_runner import ModelRunner
+from kvcanary.reference_engine.prefill_scheduler import CACHE_OWNER, PrefillScheduler
+from kvcanary.reference_engine.sequence import Req
+from kvcanary.reference_engine.side_base import SideBase
 
 logger = logging.getLogger(__name__)
 

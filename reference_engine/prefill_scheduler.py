@@ -35,14 +35,14 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from reference_engine import finish
-from reference_engine.allocator import PageAllocator
-from reference_engine.config import EngineConfig
-from reference_engine.finish import FinishAbort
-from reference_engine.interfaces import KVPoll, TransferMetadata
-from reference_engine.limits import SideLimits
-from reference_engine.prefix_cache import CacheNode, PrefixCache
-from reference_engine.sequence import Req
+from kvcanary.reference_engine import finish
+from kvcanary.reference_engine.allocator import PageAllocator
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.finish import FinishAbort
+from kvcanary.reference_engine.interfaces import KVPoll, TransferMetadata
+from kvcanary.reference_engine.limits import SideLimits
+from kvcanary.reference_engine.prefix_cache import CacheNode, PrefixCache
+from kvcanary.reference_engine.sequence import Req
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from reference_engine.invariants import InvariantViolation
+from kvcanary.reference_engine.invariants import InvariantViolation
 
 Namespace = Hashable
 _ROOT_PAGE = -1

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reference_engine.finish import FinishAbort
-from reference_engine.interfaces import FinishOut, GenerateRequest, KVPoll, TransferStatus
+from kvcanary.reference_engine.finish import FinishAbort
+from kvcanary.reference_engine.interfaces import FinishOut, GenerateRequest, KVPoll, TransferStatus
 
 PLACEHOLDER_INPUT_IDS = [0]
 """SGLang's `set_finish_with_abort`: "set it to one token to skip the long prefill"."""

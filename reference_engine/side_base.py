@@ -22,14 +22,14 @@ from collections import Counter
 from collections.abc import Callable, Collection, Container, Iterable
 from typing import Any
 
-from reference_engine import finish
-from reference_engine.allocator import PageAllocator
-from reference_engine.config import EngineConfig
-from reference_engine.finish import FinishAbort
-from reference_engine.interfaces import GenerateRequest
-from reference_engine.invariants import InvariantViolation, LiveRequest, check_side_pages
-from reference_engine.limits import SideLimits
-from reference_engine.sequence import Req
+from kvcanary.reference_engine import finish
+from kvcanary.reference_engine.allocator import PageAllocator
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.finish import FinishAbort
+from kvcanary.reference_engine.interfaces import GenerateRequest
+from kvcanary.reference_engine.invariants import InvariantViolation, LiveRequest, check_side_pages
+from kvcanary.reference_engine.limits import SideLimits
+from kvcanary.reference_engine.sequence import Req
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from canaries import Tokenizer, load_tokenizer
+from kvcanary.canaries import Tokenizer, load_tokenizer
 
 __all__ = ["Detokenizer", "Tokenizer", "load_tokenizer"]
 

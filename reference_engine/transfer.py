@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from reference_engine.interfaces import (
+from kvcanary.reference_engine.interfaces import (
     PageChunk,
     PageSink,
     TransferBackend,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.record.journal import journal_segments
+from kvcanary.harness.record.journal import journal_segments
 
 _HEAD = re.compile(rb'\{"type":"(\w+)"(?:,"request_id":"((?:[^"\\]|\\.)*)")?')
 _ACCOUNTED = (b"plan", b"observation")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from harness.record.finding import FindingKind
+from kvcanary.harness.record.finding import FindingKind
 
 CheckStatus = Literal["found", "not run", "not judged", "unproven", "passed"]
 

@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from reports.render import parse_formats, render_run
+    from kvcanary.reports.render import parse_formats, render_run
 
     result = render_run(
         args.run_dir,
@@ -62,7 +62,7 @@ def run_report(args: argparse.Namespace) -> int:
         keep_raw_evidence=args.keep_raw_evidence,
         out_dir=args.out,
     )
-    from reports.verdict_block import verdict_block
+    from kvcanary.reports.verdict_block import verdict_block
 
     for name, reason in result.errors.items():
         print(f"kvcanary: report: {name} failed: {reason}", file=sys.stderr)
@@ -86,7 +86,7 @@ def run_report(args: argparse.Namespace) -> int:
 def _accounted(run_dir: Path) -> bool:
     """Check that every plan has exactly one observation (but those a crash lost); say what
     a crash lost or tore, and any violation (a defect of kvcanary itself)."""
-    from reports.accounting import account_requests
+    from kvcanary.reports.accounting import account_requests
 
     accounting = account_requests(run_dir)
     if accounting.lost_to_crash or accounting.num_torn_lines:
@@ -97,7 +97,7 @@ def _accounted(run_dir: Path) -> bool:
 
 
 def _journal(run_dir: Path) -> dict[str, Path]:
-    from harness.record.journal import journal_segments
+    from kvcanary.harness.record.journal import journal_segments
 
     segments = journal_segments(run_dir)
     return {"journal": segments[-1]} if segments else {}

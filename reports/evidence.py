@@ -28,9 +28,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.record.events import Event, ObservationRecorded, PlanRecorded, to_record
-from reports.findings import FindingView, iter_finding_views
-from reports.frames import RunFrames
+from kvcanary.harness.record.events import Event, ObservationRecorded, PlanRecorded, to_record
+from kvcanary.reports.findings import FindingView, iter_finding_views
+from kvcanary.reports.frames import RunFrames
 
 EVIDENCE_DIR = "evidence"
 DERIVED_COLUMNS = ("outcome", "ttft_ms", "queue_ms", "total_ms", "pool_ratio", "context_ratio")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.record.finding import FindingKind, Severity
+from kvcanary.harness.record.finding import FindingKind, Severity
 
 MAX_LISTED_FINDINGS = 1_000
 

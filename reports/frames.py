@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,
@@ -39,17 +39,17 @@ from harness.record.events import (
     TargetUnhealthy,
     TimingFitted,
 )
-from harness.record.journal import read_journal
-from harness.record.observation import Observation
-from reports.allocator import release_free_memory, return_large_buffers
-from reports.journal_scan import (
+from kvcanary.harness.record.journal import read_journal
+from kvcanary.harness.record.observation import Observation
+from kvcanary.reports.allocator import release_free_memory, return_large_buffers
+from kvcanary.reports.journal_scan import (
     DELIBERATE_ERRORS,
     MAX_ERROR_CHARS,
     SlowPathNeeded,
     rare_events,
     request_frame,
 )
-from tenants.plan import RequestPlan
+from kvcanary.tenants.plan import RequestPlan
 
 CHUNK_ROWS = 16_384
 OUTCOMES = ("accepted", "rejected", "disconnected", "errored", "unanswered")

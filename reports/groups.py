@@ -15,8 +15,8 @@ from typing import cast
 
 import pandas as pd
 
-from reports.findings import KIND_MEANINGS, FindingView, ordered_findings
-from reports.leaks import UNKNOWN_OWNER, owners
+from kvcanary.reports.findings import KIND_MEANINGS, FindingView, ordered_findings
+from kvcanary.reports.leaks import UNKNOWN_OWNER, owners
 
 MAX_EXAMPLES_PER_GROUP = 25
 

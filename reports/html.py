@@ -21,12 +21,12 @@ import jinja2
 import pandas as pd
 from markupsafe import Markup, escape
 
-from canaries.shape import CANARY_PATTERN
-from reports.checks import check_states
-from reports.findings import MAX_LISTED_FINDINGS, FindingView
-from reports.frames import RunFrames, size_table, tenant_table
-from reports.groups import MAX_EXAMPLES_PER_GROUP, group_findings
-from reports.plots import Plot
+from kvcanary.canaries.shape import CANARY_PATTERN
+from kvcanary.reports.checks import check_states
+from kvcanary.reports.findings import MAX_LISTED_FINDINGS, FindingView
+from kvcanary.reports.frames import RunFrames, size_table, tenant_table
+from kvcanary.reports.groups import MAX_EXAMPLES_PER_GROUP, group_findings
+from kvcanary.reports.plots import Plot
 
 
 def highlight(excerpt: str, markers: list[str | None]) -> Markup:
@@ -56,7 +56,7 @@ def highlight(excerpt: str, markers: list[str | None]) -> Markup:
 
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("reports", "templates"),
+        loader=jinja2.PackageLoader("kvcanary.reports", "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,

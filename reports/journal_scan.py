@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     SCHEMA_VERSION,
     Event,
     ObservationRecorded,
@@ -47,9 +47,9 @@ from harness.record.events import (
     RunStarted,
     from_record,
 )
-from harness.record.journal import journal_segments
-from reports.allocator import release_free_memory
-from reports.journal_lines import (
+from kvcanary.harness.record.journal import journal_segments
+from kvcanary.reports.allocator import release_free_memory
+from kvcanary.reports.journal_lines import (
     OBSERVATION,
     OTHER,
     PLAN,

@@ -19,8 +19,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from reports.checks import check_states
-from reports.findings import KIND_MEANINGS, FindingView
+from kvcanary.reports.checks import check_states
+from kvcanary.reports.findings import KIND_MEANINGS, FindingView
 
 # Characters XML 1.0 cannot carry at all (ElementTree would write them and break the file).
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")

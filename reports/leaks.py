@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.record.finding import FindingKind
+from kvcanary.harness.record.finding import FindingKind
 
 LEAK_KINDS = (
     str(FindingKind.CROSS_TENANT_CANARY),

@@ -12,9 +12,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from reports.checks import CheckStatus, check_states
-from reports.findings import KIND_MEANINGS, FindingView
-from reports.groups import FindingGroup
+from kvcanary.reports.checks import CheckStatus, check_states
+from kvcanary.reports.findings import KIND_MEANINGS, FindingView
+from kvcanary.reports.groups import FindingGroup
 
 MAX_EXCERPT_CHARS = 160
 _CHECK_MARKS: dict[CheckStatus, str] = {
@@ -165,6 +165,6 @@ def _group_lines(groups: list[FindingGroup], start: float | None) -> list[str]:
 
 
 def _when(t_wall: float, start: float | None) -> str:
-    from reports.html import clock  # one clock format for every report
+    from kvcanary.reports.html import clock  # one clock format for every report
 
     return cell(clock(t_wall, start))

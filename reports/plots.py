@@ -21,9 +21,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from harness.record.finding import FindingKind
-from harness.record.ttft_model import TtftModel
-from reports.frames import RunFrames, cross_counts, size_table
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.reports.frames import RunFrames, cross_counts, size_table
 
 MAX_PLOTTED_POINTS = 20_000
 

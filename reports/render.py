@@ -22,20 +22,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canaries.errors import ConfigError
-from harness.record.journal import journal_segments, read_journal
-from harness.record.verdict import Verdict
-from reports import plots
-from reports.evidence import EVIDENCE_DIR, named_request_ids, request_records, write_evidence
-from reports.findings import FindingView, listed_findings
-from reports.frames import RunFrames, load_frames
-from reports.groups import group_findings
-from reports.html import render_html
-from reports.journal_scan import SlowPathNeeded, request_lines
-from reports.junit import render_junit
-from reports.markdown import render_markdown
-from reports.summary import compute_summary
-from reports.ttft import journaled_ttft
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.journal import journal_segments, read_journal
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.reports import plots
+from kvcanary.reports.evidence import (
+    EVIDENCE_DIR,
+    named_request_ids,
+    request_records,
+    write_evidence,
+)
+from kvcanary.reports.findings import FindingView, listed_findings
+from kvcanary.reports.frames import RunFrames, load_frames
+from kvcanary.reports.groups import group_findings
+from kvcanary.reports.html import render_html
+from kvcanary.reports.journal_scan import SlowPathNeeded, request_lines
+from kvcanary.reports.junit import render_junit
+from kvcanary.reports.markdown import render_markdown
+from kvcanary.reports.summary import compute_summary
+from kvcanary.reports.ttft import journaled_ttft
 
 FORMATS = ("html", "md", "junit", "json")
 OUTPUT_NAMES = {

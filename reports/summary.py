@@ -29,14 +29,14 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from harness.record.events import ProbeFinished, TargetServing, TargetUnhealthy
-from harness.record.finding import FindingKind
-from harness.record.verdict import Verdict
-from reports.checks import check_states
-from reports.frames import OUTCOMES, RunFrames
-from reports.leaks import leak_matrix
-from reports.ttft import journaled_ttft
-from tenants.cost import PlanTotals, Prices
+from kvcanary.harness.record.events import ProbeFinished, TargetServing, TargetUnhealthy
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.reports.checks import check_states
+from kvcanary.reports.frames import OUTCOMES, RunFrames
+from kvcanary.reports.leaks import leak_matrix
+from kvcanary.reports.ttft import journaled_ttft
+from kvcanary.tenants.cost import PlanTotals, Prices
 
 SUMMARY_SCHEMA = 1
 _SCALARS = (bool, int, float, str, type(None))

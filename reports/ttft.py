@@ -8,8 +8,8 @@ before its first fit, or one written before kvcanary journaled its fits) has no 
 
 from __future__ import annotations
 
-from harness.record.ttft_model import TtftModel
-from reports.frames import RunFrames
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.reports.frames import RunFrames
 
 METHOD = "the timing detector's own fit (harness.detectors.timing), as journaled by the run"
 

@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from canaries.errors import ConfigError
-from tenants.plan import RequestPlan
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.tenants.plan import RequestPlan
 
 MTOK = 1_000_000
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from canaries.span import CanarySpan
+from kvcanary.canaries.span import CanarySpan
 
 Intent = Literal["victim", "probe", "abort", "control"]
 Expected = Literal["accept", "boundary", "reject"]

@@ -26,7 +26,7 @@ import itertools
 import random
 from collections.abc import Iterator, Sequence
 
-from canaries import (
+from kvcanary.canaries import (
     BuiltPrompt,
     CanaryError,
     CanaryIndex,
@@ -37,12 +37,12 @@ from canaries import (
     Tokenizer,
     build_prompt,
 )
-from canaries.errors import ConfigError
-from canaries.prompt import Filler
-from tenants.plan import ApiStyle, Intent, RequestPlan
-from tenants.size import LimitsLike, ResolvedSize, SizeSpec
-from tenants.tenant import Tenant
-from tenants.workload import ResolvedWorkload, WorkloadProfile
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.prompt import Filler
+from kvcanary.tenants.plan import ApiStyle, Intent, RequestPlan
+from kvcanary.tenants.size import LimitsLike, ResolvedSize, SizeSpec
+from kvcanary.tenants.tenant import Tenant
+from kvcanary.tenants.workload import ResolvedWorkload, WorkloadProfile
 
 CHAT_INSTRUCTION = "Repeat the text above exactly, word for word, from its first word to its last."
 """Comes after the laced text so that the prompt still opens with its request's canary."""

@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from canaries.errors import ConfigError
-from tenants.plan import Expected, Intent
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.tenants.plan import Expected, Intent
 
 _NAMES = ("pool", "context", "page", "limit")
 _MAX_EXPRESSION_CHARS = 200

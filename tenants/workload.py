@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from canaries.errors import ConfigError
-from tenants.plan import Intent
-from tenants.size import LimitsLike, ResolvedSize, SizeSpec, size
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.tenants.plan import Intent
+from kvcanary.tenants.size import LimitsLike, ResolvedSize, SizeSpec, size
 
 
 @dataclass(frozen=True, slots=True)

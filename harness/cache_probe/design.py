@@ -37,13 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from canaries import BuiltPrompt, CanaryError, CanaryMinter, Tokenizer, build_prompt
-from canaries.alphabet import alphabet_for
-from canaries.errors import ConfigError
-from harness.cache_probe.stats import DEFAULT_ALPHA
-from harness.record.events import Limits
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries import BuiltPrompt, CanaryError, CanaryMinter, Tokenizer, build_prompt
+from kvcanary.canaries.alphabet import alphabet_for
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.cache_probe.stats import DEFAULT_ALPHA
+from kvcanary.harness.record.events import Limits
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 PHASE = "cache_probe"
 DEFAULT_NUM_TRIALS = 20

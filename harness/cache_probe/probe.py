@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from canaries import CanaryMinter, Tokenizer
-from canaries.redact import redact_quote
-from harness.cache_probe.design import (
+from kvcanary.canaries import CanaryMinter, Tokenizer
+from kvcanary.canaries.redact import redact_quote
+from kvcanary.harness.cache_probe.design import (
     DEFAULT_NUM_TRIALS,
     DEFAULT_PREFIX_FRACTION,
     DEFAULT_PROMPT_TOKENS,
@@ -38,7 +38,7 @@ from harness.cache_probe.design import (
     settings_for,
     shares_credentials,
 )
-from harness.cache_probe.stats import (
+from kvcanary.harness.cache_probe.stats import (
     ArmKind,
     ArmPair,
     ArmSample,
@@ -46,7 +46,7 @@ from harness.cache_probe.stats import (
     assess,
     findings_of,
 )
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,
@@ -54,11 +54,11 @@ from harness.record.events import (
     PlanRecorded,
     ProbeFinished,
 )
-from harness.record.finding import Finding
-from harness.record.observation import Observation, TextSink
-from harness.record.verdict import Verdict
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.finding import Finding
+from kvcanary.harness.record.observation import Observation, TextSink
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 __all__ = [
     "DEFAULT_NUM_TRIALS",

@@ -50,15 +50,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from harness.cache_probe.significance import (
+from kvcanary.harness.cache_probe.significance import (
     MIN_SAMPLES,
     ArmTest,
     compare_arms,
     holm,
     trim_upper_outliers,
 )
-from harness.record.finding import Finding, FindingKind
-from harness.record.verdict import Verdict
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.verdict import Verdict
 
 DEFAULT_ALPHA = 1e-3
 MIN_SAVING = 0.05

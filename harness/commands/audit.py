@@ -21,12 +21,12 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from canaries.errors import ConfigError
-from harness.run.option_flags import add_to_parser, given_values
-from harness.run.options import options_for
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.option_flags import add_to_parser, given_values
+from kvcanary.harness.run.options import options_for
 
 if TYPE_CHECKING:
-    from harness.target.audit import AuditResult
+    from kvcanary.harness.target.audit import AuditResult
 
 
 def register(subparsers: Any) -> None:
@@ -55,8 +55,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from harness.run.config import Layer, settings
-    from harness.target.audit import run_audit
+    from kvcanary.harness.run.config import Layer, settings
+    from kvcanary.harness.target.audit import run_audit
 
     given = given_values(args, options_for("audit"), parse=True)
     options = settings("audit", Layer("the command line", given))
@@ -101,8 +101,8 @@ def _print_result(result: AuditResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.record.verdict import Verdict
-    from harness.target.audit import SideVerdict, redact_url
+    from kvcanary.harness.record.verdict import Verdict
+    from kvcanary.harness.target.audit import SideVerdict, redact_url
 
     console = Console(highlight=False)
     if not console.is_terminal:

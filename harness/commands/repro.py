@@ -12,12 +12,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from harness.run.option_flags import add_to_parser, given_values
-from harness.run.options import options_for
+from kvcanary.harness.run.option_flags import add_to_parser, given_values
+from kvcanary.harness.run.options import options_for
 
 if TYPE_CHECKING:
-    from harness.run.config import Layer
-    from harness.scenarios.schema import Scenario
+    from kvcanary.harness.run.config import Layer
+    from kvcanary.harness.scenarios.schema import Scenario
 
 _EPILOG = (
     "Exit status: 0 reproduced (for a clean control: it stayed clean); 1 not reproduced (the "
@@ -60,9 +60,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def repro_command(args: argparse.Namespace) -> int:
     """Load, run, print the verdict and the evidence paths; the exit status."""
-    from harness.run.config import Layer, settings
-    from harness.scenarios.repro import run_repro
-    from harness.scenarios.schema import parse_param_assignment, resolve_scenario
+    from kvcanary.harness.run.config import Layer, settings
+    from kvcanary.harness.scenarios.repro import run_repro
+    from kvcanary.harness.scenarios.schema import parse_param_assignment, resolve_scenario
 
     flags = given_values(args, options_for("repro"))
     params = dict(parse_param_assignment(text) for text in flags.get("param", ()))
@@ -90,8 +90,8 @@ def repro_command(args: argparse.Namespace) -> int:
 
 def scenarios_command(args: argparse.Namespace) -> int:
     """Print every shipped scenario: name, expected outcome, one line, parameters."""
-    from harness.scenarios import shipped_names
-    from harness.scenarios.schema import resolve_scenario
+    from kvcanary.harness.scenarios import shipped_names
+    from kvcanary.harness.scenarios.schema import resolve_scenario
 
     scenarios = [resolve_scenario(name) for name in shipped_names()]
     width = max(len(s.name) for s in scenarios)
@@ -108,7 +108,7 @@ def scenarios_command(args: argparse.Namespace) -> int:
 def scenario_layer(scenario: Scenario) -> Layer:
     """The settings a scenario gives, by option name, for `harness.run.config.merge`: above a
     config file, below the command line."""
-    from harness.run.config import Layer
+    from kvcanary.harness.run.config import Layer
 
     engine = scenario.engine
     values = {

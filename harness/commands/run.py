@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.run.config import Command
-from harness.run.option_flags import add_to_parser, given_values
-from harness.run.options import options_for
+from kvcanary.harness.run.config import Command
+from kvcanary.harness.run.option_flags import add_to_parser, given_values
+from kvcanary.harness.run.options import options_for
 
 _EPILOG = (
     "Exit status: 0 clean, 1 findings, 2 usage or configuration error, 3 the run could not "
@@ -67,8 +67,8 @@ def _handler(command: Command) -> Callable[[argparse.Namespace], int]:
 
 def run_command(command: Command, args: argparse.Namespace) -> int:
     """Resolve the settings, run, print the verdict and the outputs; the exit status."""
-    from harness.run.config import resolve
-    from harness.run.session import run_session
+    from kvcanary.harness.run.config import resolve
+    from kvcanary.harness.run.session import run_session
 
     flags = given_values(args, options_for(command))
     config = resolve(command, flags, flags.get("config"))
@@ -87,7 +87,7 @@ def print_verdict(
     out_dir: Path,
 ) -> None:
     """The verdict block `kvcanary report` prints too (`reports.verdict_block`)."""
-    from reports.verdict_block import verdict_block
+    from kvcanary.reports.verdict_block import verdict_block
 
     journal = {"journal": out_dir / "journal.jsonl"}
     print(verdict_block(verdict, reasons, ended, {**outputs, **journal}))

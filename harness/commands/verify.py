@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from canaries.errors import ConfigError, RunIncomplete
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
 
 _EPILOG = (
     "Exit status: 0 the last row (all fixes, or the --fix combination) has no counterexample "
@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def verify_command(args: argparse.Namespace) -> int:
     """Check, print the table (and trails), write scenarios; the exit status."""
-    from reference_engine.model_check import runner
+    from kvcanary.reference_engine.model_check import runner
 
     fixes = frozenset(args.fix)
     unknown = sorted(fixes - set(runner.MODEL_FIXES))
@@ -89,7 +89,7 @@ def verify_command(args: argparse.Namespace) -> int:
         for line in runner.trail_lines(rows):
             print(line)
     if args.scenarios is not None:
-        from reference_engine.model_check.scenario import write_scenarios
+        from kvcanary.reference_engine.model_check.scenario import write_scenarios
 
         print()
         try:

@@ -7,9 +7,9 @@
 Each is independent of the others and of transport; the runner feeds them.
 """
 
-from harness.detectors.content import ContentDetector, ResponseScan
-from harness.detectors.protocol import ProtocolDetector
-from harness.detectors.timing import TimingDetector
-from harness.record.ttft_model import TtftModel
+from kvcanary.harness.detectors.content import ContentDetector, ResponseScan
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.ttft_model import TtftModel
 
 __all__ = ["ContentDetector", "ProtocolDetector", "ResponseScan", "TimingDetector", "TtftModel"]

@@ -67,12 +67,12 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from canaries import CanaryIndex, Hit, Relation, StreamScanner, classify, redact
-from harness.detectors.own_echo import OwnText
-from harness.record.events import OwnEchoRecorded
-from harness.record.finding import Finding, FindingKind
-from harness.record.observation import Observation
-from tenants.plan import RequestPlan
+from kvcanary.canaries import CanaryIndex, Hit, Relation, StreamScanner, classify, redact
+from kvcanary.harness.detectors.own_echo import OwnText
+from kvcanary.harness.record.events import OwnEchoRecorded
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.observation import Observation
+from kvcanary.tenants.plan import RequestPlan
 
 DETECTOR = "content"
 

@@ -60,9 +60,9 @@ import itertools
 import math
 from functools import cache
 
-from canaries import TAG, WORDS, fold
-from canaries.shape import WORD_INDEX
-from canaries.span import CanarySpan
+from kvcanary.canaries import TAG, WORDS, fold
+from kvcanary.canaries.shape import WORD_INDEX
+from kvcanary.canaries.span import CanarySpan
 
 ECHO_HIDE_BOUND = 1e-3
 """The most probability a marker of another run may have of being taken for an own echo, per

@@ -58,11 +58,11 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from canaries.errors import ConfigError
-from harness.record.events import Limits
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.observation import Observation
-from tenants.plan import RequestPlan
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.observation import Observation
+from kvcanary.tenants.plan import RequestPlan
 
 DETECTOR = "protocol"
 PREFILL_SKIPPED_KINDS = frozenset(

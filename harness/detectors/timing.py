@@ -84,11 +84,11 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from scipy.stats import siegelslopes, theilslopes
 
-from canaries.errors import ConfigError
-from harness.record.finding import Finding, FindingKind
-from harness.record.observation import Observation
-from harness.record.ttft_model import TtftModel
-from tenants.plan import RequestPlan
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.tenants.plan import RequestPlan
 
 DETECTOR = "timing"
 

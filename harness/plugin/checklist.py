@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.plugin.checks import (
+from kvcanary.harness.plugin.checks import (
     CheckOutcome,
     Evidence,
     no_leak_after_disconnect,
@@ -23,8 +23,8 @@ from harness.plugin.checks import (
 )
 
 if TYPE_CHECKING:
-    from harness.plugin.target import WorkloadResult
-    from harness.target.audit import AuditResult
+    from kvcanary.harness.plugin.target import WorkloadResult
+    from kvcanary.harness.target.audit import AuditResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 
-from harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.finding import Finding, FindingKind
 
 if TYPE_CHECKING:
-    from harness.plugin.target import WorkloadResult
-    from harness.target.audit import AuditResult
+    from kvcanary.harness.plugin.target import WorkloadResult
+    from kvcanary.harness.target.audit import AuditResult
 
 Status = Literal["passed", "failed", "skipped"]
 Evidence = Literal["incident", "below", "audit", "cache_probe"]
@@ -238,7 +238,7 @@ def real_prefill(run: WorkloadResult) -> CheckOutcome:
     is skipped as "not judged" with the detector's reason: it never passes without a bar
     that an answer with no prefill would fall under.
     """
-    from harness.record.ttft_model import TtftModel
+    from kvcanary.harness.record.ttft_model import TtftModel
 
     requests = run.observations
     timed = _accepted(requests).loc[lambda r: r["ttft_ms"].notna()]
@@ -332,7 +332,7 @@ def no_leak_after_disconnect(run: WorkloadResult) -> CheckOutcome:
 
 
 def pool_holds_context(audit: AuditResult) -> CheckOutcome:
-    from harness.target.audit import SideVerdict
+    from kvcanary.harness.target.audit import SideVerdict
 
     findings = tuple(f for f in audit.findings if f.kind is FindingKind.POOL_SMALLER_THAN_CONTEXT)
     if findings:

@@ -32,18 +32,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from harness.run.option_flags import add_to_parser
-from harness.run.options import PLUGIN_PREFIX, Option, options_for
+from kvcanary.harness.run.option_flags import add_to_parser
+from kvcanary.harness.run.options import PLUGIN_PREFIX, Option, options_for
 
 if TYPE_CHECKING:
-    from harness.plugin.target import RunWorkload, TargetUnderTest
-    from harness.run.canary_factory import CanaryFactory
-    from tenants.tenant import Tenant
+    from kvcanary.harness.plugin.target import RunWorkload, TargetUnderTest
+    from kvcanary.harness.run.canary_factory import CanaryFactory
+    from kvcanary.tenants.tenant import Tenant
 
 GROUP = "kvcanary"
 DEST_PREFIX = INI_PREFIX = "kvcanary_"
 MARKER = "kvcanary"
-SUITE_MODULE = "harness.plugin.suite"
+SUITE_MODULE = "kvcanary.harness.plugin.suite"
 SUITE_NODEID = "kvcanary"
 NO_TARGET = (
     "kvcanary: no target configured; pass --kvcanary-target=URL or "
@@ -128,7 +128,7 @@ def pytest_terminal_summary(
     target = config.stash.get(_TARGET_KEY, None)
     if target is None or not (target.runs or target.audits or target.checks):
         return
-    from harness.plugin.target import session_summary
+    from kvcanary.harness.plugin.target import session_summary
 
     terminalreporter.section("kvcanary")
     for line in session_summary(target):
@@ -145,7 +145,7 @@ def kvcanary_target(pytestconfig: pytest.Config) -> Iterator[TargetUnderTest]:
     Skips the test (with the reason) when neither --kvcanary-target nor --kvcanary-engine is
     given; fails it with one line when the engine cannot start.
     """
-    from canaries.errors import KvcanaryError
+    from kvcanary.canaries.errors import KvcanaryError
 
     target = _target(pytestconfig)
     if not target.configured:
@@ -161,7 +161,7 @@ def kvcanary_target(pytestconfig: pytest.Config) -> Iterator[TargetUnderTest]:
 @pytest.fixture(scope="session")
 def kvcanary_tenants(pytestconfig: pytest.Config) -> list[Tenant]:
     """The simulated tenants (`tenant-0` ...), --kvcanary-tenants of them, sharing one key."""
-    from tenants.tenant import default_tenants
+    from kvcanary.tenants.tenant import default_tenants
 
     config = _target(pytestconfig).config
     return default_tenants(config.tenants, config.api_key_env)
@@ -170,8 +170,8 @@ def kvcanary_tenants(pytestconfig: pytest.Config) -> list[Tenant]:
 @pytest.fixture(scope="session")
 def kvcanary_canaries(pytestconfig: pytest.Config, kvcanary_tenants: list[Tenant]) -> CanaryFactory:
     """Builds canary-laced prompts of exact token counts and finds their canaries again."""
-    from canaries.errors import ConfigError
-    from harness.run.canary_factory import CanaryFactory
+    from kvcanary.canaries.errors import ConfigError
+    from kvcanary.harness.run.canary_factory import CanaryFactory
 
     config = _target(pytestconfig).config
     try:
@@ -191,8 +191,8 @@ def kvcanary_run(kvcanary_target: TargetUnderTest, request: pytest.FixtureReques
     """`kvcanary_run(requests=40, profile="below", ...)` runs a workload against the target
     and returns its `WorkloadResult` (`.findings`, `.observations`, `.summary`, `.verdict`,
     `.out_dir`). Each call writes its own directory under --kvcanary-out."""
-    from canaries.errors import KvcanaryError
-    from harness.plugin.target import WorkloadResult
+    from kvcanary.canaries.errors import KvcanaryError
+    from kvcanary.harness.plugin.target import WorkloadResult
 
     def run(**overrides: Any) -> WorkloadResult:
         try:
@@ -214,8 +214,8 @@ def _ini_keys(option: Option) -> list[tuple[str, str]]:
 
 def _given(config: pytest.Config) -> dict[str, Any]:
     """The plugin settings given on the command line, over those in the ini file."""
-    from canaries.errors import ConfigError
-    from harness.run.config import Layer, coerce_values, merge
+    from kvcanary.canaries.errors import ConfigError
+    from kvcanary.harness.run.config import Layer, coerce_values, merge
 
     ini: dict[str, Any] = {}
     spelled: dict[str, str] = {}
@@ -249,9 +249,9 @@ def _target(config: pytest.Config) -> TargetUnderTest:
     target = config.stash.get(_TARGET_KEY, None)
     if target is not None:
         return target
-    from canaries.errors import ConfigError
-    from harness.plugin.target import TargetUnderTest
-    from harness.run.config import Layer, RunConfig, layered
+    from kvcanary.canaries.errors import ConfigError
+    from kvcanary.harness.plugin.target import TargetUnderTest
+    from kvcanary.harness.run.config import Layer, RunConfig, layered
 
     given = _given_settings(config)
     try:

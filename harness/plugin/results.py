@@ -9,9 +9,9 @@ from typing import Any, cast
 
 import pandas as pd
 
-from harness.plugin.checklist import Check
-from harness.plugin.checks import CheckOutcome
-from harness.record.finding import Finding
+from kvcanary.harness.plugin.checklist import Check
+from kvcanary.harness.plugin.checks import CheckOutcome
+from kvcanary.harness.record.finding import Finding
 
 MAX_FINDINGS_SHOWN = 5
 """A failure lists this many findings in full and counts the rest (the report has all)."""

@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import pytest
 
-from canaries.errors import KvcanaryError
-from harness.plugin.checklist import CHECKS_BY_NAME, Check
-from harness.plugin.checks import CheckOutcome
-from harness.plugin.results import describe
-from harness.plugin.target import SuiteEvidence, TargetUnderTest
+from kvcanary.canaries.errors import KvcanaryError
+from kvcanary.harness.plugin.checklist import CHECKS_BY_NAME, Check
+from kvcanary.harness.plugin.checks import CheckOutcome
+from kvcanary.harness.plugin.results import describe
+from kvcanary.harness.plugin.target import SuiteEvidence, TargetUnderTest
 
 pytestmark = pytest.mark.kvcanary
 

@@ -32,18 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from canaries.errors import ConfigError, KvcanaryError, RunIncomplete
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.run.config import DEFAULT_CONCURRENCY, Layer, RunConfig, coerce_values, merge
-from harness.run.options import OPTIONS_BY_NAME, options_for
+from kvcanary.canaries.errors import ConfigError, KvcanaryError, RunIncomplete
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.run.config import DEFAULT_CONCURRENCY, Layer, RunConfig, coerce_values, merge
+from kvcanary.harness.run.options import OPTIONS_BY_NAME, options_for
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from harness.plugin.checklist import Check
-    from harness.plugin.checks import CheckOutcome, Evidence
-    from harness.record.events import ProbeFinished
-    from harness.target.audit import AuditResult
+    from kvcanary.harness.plugin.checklist import Check
+    from kvcanary.harness.plugin.checks import CheckOutcome, Evidence
+    from kvcanary.harness.record.events import ProbeFinished
+    from kvcanary.harness.target.audit import AuditResult
 
 SUITE_NUM_REQUESTS = 32
 """Requests in the suite's incident run unless --kvcanary-requests/--kvcanary-duration say
@@ -118,7 +118,7 @@ class TargetUnderTest:
         if config.engine_prefix_cache and engine is None:
             raise ConfigError("--kvcanary-engine-prefix-cache needs --kvcanary-engine-preset")
         if engine is not None:  # an unknown preset or fix is a usage error, before any test
-            from reference_engine.server.launch import make_config
+            from kvcanary.reference_engine.server.launch import make_config
 
             make_config(engine, fixes)
         # the engine is this object's business, not the runs': each run sees only its URL
@@ -175,7 +175,7 @@ class TargetUnderTest:
             raise ConfigError(
                 "no kvcanary target: pass --kvcanary-target=URL or --kvcanary-engine-preset"
             )
-        from harness.run.wiring import bundled_engine
+        from kvcanary.harness.run.wiring import bundled_engine
 
         overrides = {"prefix_cache": True} if self.engine_prefix_cache else None
         try:
@@ -198,7 +198,7 @@ class TargetUnderTest:
     def out_root(self) -> Path:
         """Where this session's runs go: --kvcanary-out, else ./kvcanary-runs/<timestamp>."""
         if self._out_root is None:
-            from harness.run.out_dir import default_out_dir
+            from kvcanary.harness.run.out_dir import default_out_dir
 
             self._out_root = default_out_dir()
         return self._out_root
@@ -229,7 +229,7 @@ class TargetUnderTest:
 
     def run(self, label: str, **overrides: Any) -> WorkloadResult:
         """Run a workload against the target and read it back. Raises `KvcanaryError`."""
-        from harness.run.session import run_session
+        from kvcanary.harness.run.session import run_session
 
         config = self.run_config(label, overrides)
         out_dir = Path(str(config.out))
@@ -247,8 +247,8 @@ class TargetUnderTest:
         """The pool-versus-context audit of the target (no probe request)."""
         import httpx
 
-        from harness.target.audit import run_audit
-        from tenants.tenant import default_tenants
+        from kvcanary.harness.target.audit import run_audit
+        from kvcanary.tenants.tenant import default_tenants
 
         headers = default_tenants(1, self.config.api_key_env)[0].auth_headers()
 
@@ -276,10 +276,10 @@ class TargetUnderTest:
 
 def read_result(out_dir: Path, *, label: str, verdict: str, ended: str) -> WorkloadResult:
     """A finished run's findings, tables and summary, from its directory."""
-    from harness.record.events import FindingRecorded, ProbeFinished
-    from harness.record.journal import read_journal
-    from reports.frames import load_frames
-    from reports.summary import compute_summary
+    from kvcanary.harness.record.events import FindingRecorded, ProbeFinished
+    from kvcanary.harness.record.journal import read_journal
+    from kvcanary.reports.frames import load_frames
+    from kvcanary.reports.summary import compute_summary
 
     findings, probes = [], {}
     for event in read_journal(out_dir):

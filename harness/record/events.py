@@ -15,10 +15,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from canaries.span import CanarySpan
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.observation import Observation, Usage
-from tenants.plan import RequestPlan
+from kvcanary.canaries.span import CanarySpan
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.observation import Observation, Usage
+from kvcanary.tenants.plan import RequestPlan
 
 SCHEMA_VERSION = 1
 

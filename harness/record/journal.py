@@ -45,8 +45,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from canaries.errors import ConfigError
-from harness.record.events import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import (
     SCHEMA_VERSION,
     Event,
     FindingRecorded,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from canaries.redact import scrub_secrets
+from kvcanary.canaries.redact import scrub_secrets
 
 ErrorKind = Literal[
     "http_status",  # a non-2xx status with an error body

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from canaries import (
+from kvcanary.canaries import (
     BuiltPrompt,
     CanaryError,
     CanaryIndex,
@@ -27,11 +27,11 @@ from canaries import (
     build_prompt,
     load_tokenizer,
 )
-from canaries.alphabet import alphabet_for
-from canaries.errors import ConfigError
-from canaries.guarantee import page_guarantee
-from tenants.planner import request_id
-from tenants.tenant import Tenant
+from kvcanary.canaries.alphabet import alphabet_for
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.guarantee import page_guarantee
+from kvcanary.tenants.planner import request_id
+from kvcanary.tenants.tenant import Tenant
 
 DEFAULT_PAGE_SIZE = 16
 

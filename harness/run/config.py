@@ -22,15 +22,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from canaries.errors import ConfigError
-from harness.run.options import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.options import (
     EXCLUSIVE,
     OPTIONS_BY_NAME,
     Option,
     Scope,
     options_for,
 )
-from tenants.cost import CostBudget, Prices
+from kvcanary.tenants.cost import CostBudget, Prices
 
 Command = Literal["run", "soak"]
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from canaries.errors import ConfigError
-from harness.run.config import RunConfig
-from harness.run.phases import Phase, Workload
-from tenants.cost import PlanTotals, SpendMeter
-from tenants.plan import ApiStyle
-from tenants.planner import sketch_streams
-from tenants.size import LimitsLike
-from tenants.workload import WorkloadProfile
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.config import RunConfig
+from kvcanary.harness.run.phases import Phase, Workload
+from kvcanary.tenants.cost import PlanTotals, SpendMeter
+from kvcanary.tenants.plan import ApiStyle
+from kvcanary.tenants.planner import sketch_streams
+from kvcanary.tenants.size import LimitsLike
+from kvcanary.tenants.workload import WorkloadProfile
 
 
 def plan_totals(

@@ -25,8 +25,8 @@ It knows nothing about HTTP or the journal; the runner feeds it and emits what i
 
 from __future__ import annotations
 
-from harness.record.events import Event, TargetServing, TargetUnhealthy
-from harness.record.observation import Observation
+from kvcanary.harness.record.events import Event, TargetServing, TargetUnhealthy
+from kvcanary.harness.record.observation import Observation
 
 DEFAULT_THRESHOLD = 5
 HEALTH_THRESHOLD = 2

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Protocol
 
-from harness.run.progress import ProgressDisplay
+from kvcanary.harness.run.progress import ProgressDisplay
 
 _REDELIVERY_DELAY_S = 0.05
 

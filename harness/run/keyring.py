@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from canaries import CanaryError, CanaryMinter
-from canaries.alphabet import make_alphabet
-from canaries.errors import ConfigError
-from canaries.mint import seed_key
-from tenants.planner import request_id
+from kvcanary.canaries import CanaryError, CanaryMinter
+from kvcanary.canaries.alphabet import make_alphabet
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.mint import seed_key
+from kvcanary.tenants.planner import request_id
 
 KEYRING_SCHEMA = 1
 

@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from canaries.errors import ConfigError
-from harness.record.events import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,

@@ -12,8 +12,8 @@ import argparse
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from harness.run.option_values import format_duration, parse_duration
-from harness.run.options import Option
+from kvcanary.harness.run.option_values import format_duration, parse_duration
+from kvcanary.harness.run.options import Option
 
 
 def add_to_parser(
@@ -51,7 +51,7 @@ def given_values(
             continue
         values[option.name] = tuple(value) if option.action == "append" else value
     if parse:
-        from harness.run.config import coerce_values  # its ConfigError is no start-up cost
+        from kvcanary.harness.run.config import coerce_values  # its ConfigError is no start-up cost
 
         return coerce_values(values, lambda option, _: f"{prefix}{option.key}")
     return values

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 
-from tenants.tenant import env_name_problem
+from kvcanary.tenants.tenant import env_name_problem
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

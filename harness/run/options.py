@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from harness.run.option_values import format_duration as format_duration  # one spelling
-from harness.run.option_values import (
+from kvcanary.harness.run.option_values import format_duration as format_duration  # one spelling
+from kvcanary.harness.run.option_values import (
     parse_duration,
     parse_env_name,
     parse_non_negative_int,

@@ -24,10 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from canaries.errors import ConfigError
-from harness.record.events import ObservationRecorded, PlanRecorded, RunStarted
-from harness.record.journal import JournalWarning, journal_segments, read_journal
-from harness.run.config import RunConfig
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded, RunStarted
+from kvcanary.harness.record.journal import JournalWarning, journal_segments, read_journal
+from kvcanary.harness.run.config import RunConfig
 
 RUNS_DIR = "kvcanary-runs"
 

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from tenants.plan import Intent, RequestPlan
+from kvcanary.tenants.plan import Intent, RequestPlan
 
 
 @dataclass(frozen=True, slots=True)

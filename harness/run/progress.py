@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,
@@ -33,7 +33,7 @@ from harness.record.events import (
     TargetServing,
     TargetUnhealthy,
 )
-from harness.run.options import format_duration
+from kvcanary.harness.run.options import format_duration
 
 DEFAULT_INTERVAL_S = 10.0
 MAX_FINDINGS_SHOWN = 5

@@ -45,14 +45,14 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from canaries.errors import ConfigError
-from harness.record.observation import Observation
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.observation import Observation
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 if TYPE_CHECKING:
-    from harness.target.client import TargetClient
-    from harness.target.http_client import Backend
+    from kvcanary.harness.target.client import TargetClient
+    from kvcanary.harness.target.http_client import Backend
 
 LOCAL = "local"
 """`--ray` without an address: a Ray instance started here for the run (`ray.init()`)."""
@@ -113,8 +113,8 @@ class TenantWorker:
         # Built on first use, inside the actor's event loop (an aiohttp-backed client binds
         # to the loop it is created on).
         if self._client is None:
-            from harness.run import wiring
-            from harness.target.client import TargetClient
+            from kvcanary.harness.run import wiring
+            from kvcanary.harness.target.client import TargetClient
 
             spec = self._spec
             http = wiring.http_client(spec.max_in_flight, spec.read_timeout_s, backend=spec.backend)

@@ -45,11 +45,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from canaries import Owner, redact
-from canaries.redact import redact_quote
-from harness.detectors.protocol import with_late_evidence
-from harness.detectors.timing import DefersJudgement
-from harness.record.events import (
+from kvcanary.canaries import Owner, redact
+from kvcanary.canaries.redact import redact_quote
+from kvcanary.harness.detectors.protocol import with_late_evidence
+from kvcanary.harness.detectors.timing import DefersJudgement
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,
@@ -59,13 +59,13 @@ from harness.record.events import (
     TargetUnhealthy,
     TimingFitted,
 )
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.observation import Observation
-from harness.record.ttft_model import TtftModel
-from harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
-from harness.run.health import HealthTracker
-from harness.run.phases import Budget, Phase, Workload, default_phases
-from harness.run.seams import (
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
+from kvcanary.harness.run.health import HealthTracker
+from kvcanary.harness.run.phases import Budget, Phase, Workload, default_phases
+from kvcanary.harness.run.seams import (
     CanaryRegistry,
     ContentScanner,
     Detectors,
@@ -74,9 +74,9 @@ from harness.run.seams import (
     Sender,
     TimingChecker,
 )
-from harness.target.health_route import HealthProbe
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.target.health_route import HealthProbe
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 DEFAULT_GRACE_S = 5.0
 

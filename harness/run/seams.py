@@ -12,13 +12,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from canaries import Hit, Owner
-from harness.record.events import OwnEchoRecorded
-from harness.record.finding import Finding
-from harness.record.observation import Observation, TextSink
-from harness.record.ttft_model import TtftModel
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries import Hit, Owner
+from kvcanary.harness.record.events import OwnEchoRecorded
+from kvcanary.harness.record.finding import Finding
+from kvcanary.harness.record.observation import Observation, TextSink
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 
 class Sender(Protocol):

@@ -24,22 +24,22 @@ from typing import IO, Any
 
 import httpx
 
-from canaries import Tokenizer
-from canaries.errors import RunIncomplete
-from canaries.guarantee import PageGuarantee
-from harness.cache_probe.phase import run_probe_phase
-from harness.record.events import Limits
-from harness.record.journal import JOURNAL_NAME
-from harness.record.verdict import Verdict
-from harness.run import cost_guard, wiring
-from harness.run.arrivals import ClosedLoop, Pacing, PoissonArrivals
-from harness.run.config import RunConfig
-from harness.run.interrupts import interrupts, sigterm_as_interrupt
-from harness.run.keyring import EarlierRuns, Keyring
-from harness.run.option_values import format_duration
-from harness.run.out_dir import RunIdentity, prepare_run_dir
-from harness.run.progress import ProgressDisplay
-from harness.run.runner import (
+from kvcanary.canaries import Tokenizer
+from kvcanary.canaries.errors import RunIncomplete
+from kvcanary.canaries.guarantee import PageGuarantee
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.record.journal import JOURNAL_NAME
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.harness.run import cost_guard, wiring
+from kvcanary.harness.run.arrivals import ClosedLoop, Pacing, PoissonArrivals
+from kvcanary.harness.run.config import RunConfig
+from kvcanary.harness.run.interrupts import interrupts, sigterm_as_interrupt
+from kvcanary.harness.run.keyring import EarlierRuns, Keyring
+from kvcanary.harness.run.option_values import format_duration
+from kvcanary.harness.run.out_dir import RunIdentity, prepare_run_dir
+from kvcanary.harness.run.probe_phase import run_probe_phase
+from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.run.runner import (
     Budget,
     Detectors,
     Phase,
@@ -49,15 +49,15 @@ from harness.run.runner import (
     Workload,
     default_phases,
 )
-from harness.run.soak_tasks import soak_tasks
-from harness.target.calibration import PromptTokenOffset, planning_limits
-from harness.target.client import TargetClient
-from harness.target.health_route import HealthProbe, health_probe
-from harness.target.tokenizer import ServerTokenizer, chat_overhead, remote_tokenizer
-from tenants.cost import SpendMeter
-from tenants.planner import Planner
-from tenants.tenant import Tenant, default_tenants
-from tenants.workload import WorkloadProfile, get_profile
+from kvcanary.harness.run.soak_tasks import soak_tasks
+from kvcanary.harness.target.calibration import PromptTokenOffset, planning_limits
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.harness.target.health_route import HealthProbe, health_probe
+from kvcanary.harness.target.tokenizer import ServerTokenizer, chat_overhead, remote_tokenizer
+from kvcanary.tenants.cost import SpendMeter
+from kvcanary.tenants.planner import Planner
+from kvcanary.tenants.tenant import Tenant, default_tenants
+from kvcanary.tenants.workload import WorkloadProfile, get_profile
 
 SOAK_CYCLE_S = 600.0
 """A soak repeats fill / probe / abort every this many seconds (shorter soaks: once)."""
@@ -104,7 +104,7 @@ def run_session(
         if config.page_size is not None:  # before anything starts, where it can be known
             wiring.lacing(tokenizer, config.page_size, strict=config.strict_page_size)
     if config.ray is not None:
-        from harness.run.ray_sender import check_address
+        from kvcanary.harness.run.ray_sender import check_address
 
         check_address(config.ray)
     keyring = Keyring.open(config.keyring) if config.keyring is not None else None
@@ -255,7 +255,7 @@ def _sender(
     config = setup.config
     if config.ray is None:
         return contextlib.nullcontext(client)
-    from harness.run.ray_sender import ClientSpec, ray_sender
+    from kvcanary.harness.run.ray_sender import ClientSpec, ray_sender
 
     spec = ClientSpec(
         target.base_url,
@@ -330,7 +330,7 @@ async def _cache_probe(
 ) -> None:
     """The opt-in cache probe phase, after the workload (so no later request of this run
     can quote the probe's prompts)."""
-    from harness.cache_probe.probe import settings_for, shares_credentials
+    from kvcanary.harness.cache_probe.probe import settings_for, shares_credentials
 
     config = setup.config
     if shares_credentials(setup.tenants):

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from harness.record.events import Event
-from harness.record.journal import JournalWriter
-from harness.run.config import RunConfig
-from harness.run.options import format_duration
-from harness.run.progress import ProgressDisplay
+from kvcanary.harness.record.events import Event
+from kvcanary.harness.record.journal import JournalWriter
+from kvcanary.harness.run.config import RunConfig
+from kvcanary.harness.run.options import format_duration
+from kvcanary.harness.run.progress import ProgressDisplay
 
 
 class SoakJournal(Protocol):
@@ -37,7 +37,7 @@ async def soak_tasks(
         return
     async with contextlib.AsyncExitStack() as stack:
         if config.metrics_port is not None:
-            from harness.run.metrics import serve_metrics
+            from kvcanary.harness.run.metrics import serve_metrics
 
             metrics = stack.enter_context(serve_metrics(config.metrics_port))
             journal.listen(metrics.handle)
@@ -52,7 +52,7 @@ async def _periodic(
 ) -> AsyncIterator[None]:
 
     async def report() -> None:
-        from reports.render import render_run
+        from kvcanary.reports.render import render_run
 
         result = await asyncio.to_thread(
             render_run, out_dir, keep_raw_evidence=config.keep_raw_evidence

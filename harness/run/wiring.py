@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from canaries import (
+from kvcanary.canaries import (
     CanaryError,
     CanaryIndex,
     CanaryMinter,
@@ -30,33 +30,33 @@ from canaries import (
     Tokenizer,
     load_tokenizer,
 )
-from canaries.alphabet import DEFAULT_ALPHABET, Alphabet, alphabet_for
-from canaries.errors import ConfigError, RunIncomplete
-from canaries.guarantee import PageGuarantee, page_guarantee
-from canaries.redact import scrub_secrets
-from harness.detectors.content import ContentDetector
-from harness.detectors.protocol import ProtocolDetector
-from harness.detectors.timing import TimingDetector
-from harness.record.events import Event, Limits, RunStarted
-from harness.record.journal import JOURNAL_NAME, JournalWriter
-from harness.run.interrupts import Delivery, sigterm_as_interrupt
-from harness.run.keyring import EarlierRuns, KeyEntry, Keyring, run_key
-from harness.run.progress import ProgressDisplay
-from harness.run.seams import Detectors, TimingChecker
-from harness.target.calibration import (
+from kvcanary.canaries.alphabet import DEFAULT_ALPHABET, Alphabet, alphabet_for
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.canaries.guarantee import PageGuarantee, page_guarantee
+from kvcanary.canaries.redact import scrub_secrets
+from kvcanary.harness.detectors.content import ContentDetector
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.events import Event, Limits, RunStarted
+from kvcanary.harness.record.journal import JOURNAL_NAME, JournalWriter
+from kvcanary.harness.run.interrupts import Delivery, sigterm_as_interrupt
+from kvcanary.harness.run.keyring import EarlierRuns, KeyEntry, Keyring, run_key
+from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.run.seams import Detectors, TimingChecker
+from kvcanary.harness.target.calibration import (
     PromptTokenOffset,
     measure_prompt_token_offset,
 )
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import DEFAULT_BACKEND, Backend
-from harness.target.limits import limits_from_facts
-from harness.target.server_info import EngineFacts, read_engine_facts
-from tenants.plan import ApiStyle
-from tenants.planner import request_id
-from tenants.tenant import Tenant
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import DEFAULT_BACKEND, Backend
+from kvcanary.harness.target.limits import limits_from_facts
+from kvcanary.harness.target.server_info import EngineFacts, read_engine_facts
+from kvcanary.tenants.plan import ApiStyle
+from kvcanary.tenants.planner import request_id
+from kvcanary.tenants.tenant import Tenant
 
 if TYPE_CHECKING:
-    from reports.render import RenderResult
+    from kvcanary.reports.render import RenderResult
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 """Per-response bound: far more than any answer a run asks for (at most tens of tokens)."""
@@ -107,12 +107,12 @@ def bundled_engine(
     Separate processes by default: the engine's Python never competes with the harness for
     one GIL, which keeps its TTFT honest, and KV pages cross a real socket between the sides.
     """
-    from reference_engine.availability import require_engine
+    from kvcanary.reference_engine.availability import require_engine
 
     require_engine(
         "a run without --target", alternative="test a running deployment with --target URL"
     )
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     settings = dict(overrides or {})
     described = [f"fix {fix}" for fix in fixes]
@@ -430,7 +430,7 @@ def render(out_dir: Path, *, keep_raw_evidence: bool, display: ProgressDisplay) 
     delivery: Delivery | None = None
     try:
         with sigterm_as_interrupt() as delivery:
-            from reports.render import render_run  # seconds of imports: interruptible too
+            from kvcanary.reports.render import render_run  # seconds of imports: interruptible too
 
             result = render_run(out_dir, keep_raw_evidence=keep_raw_evidence)
     except KeyboardInterrupt:

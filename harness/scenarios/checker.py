@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from canaries.errors import ConfigError
-from harness.record.finding import FindingKind
-from harness.scenarios.fields import Fields, coerce_param, matches, param_text
-from harness.scenarios.schema import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.scenarios.fields import Fields, coerce_param, matches, param_text
+from kvcanary.harness.scenarios.schema import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_NUM_TENANTS,
     DISCOVER,
@@ -35,8 +35,8 @@ from harness.scenarios.schema import (
     TenantsSpec,
     WaitStep,
 )
-from tenants.size import SizeSpec
-from tenants.tenant import Tenant, env_name_problem
+from kvcanary.tenants.size import SizeSpec
+from kvcanary.tenants.tenant import Tenant, env_name_problem
 
 
 class ScenarioChecker(Fields):
@@ -140,7 +140,7 @@ class ScenarioChecker(Fields):
     def engine_config(self, preset: str, fixes: tuple[str, ...], overrides: dict[str, Any]) -> None:
         """Check names and types against EngineConfig, then build it (no torch needed)."""
         try:
-            from reference_engine.config import FIXES, PRESETS, EngineConfig
+            from kvcanary.reference_engine.config import FIXES, PRESETS, EngineConfig
         except ImportError:  # the engine is not installed: it is checked when started
             return
         import dataclasses

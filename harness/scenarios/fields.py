@@ -9,9 +9,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-from canaries.errors import ConfigError
-from harness.run.option_values import parse_url
-from harness.scenarios.schema import Param, ParamValue, Path_, parse_param_value
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.option_values import parse_url
+from kvcanary.harness.scenarios.schema import Param, ParamValue, Path_, parse_param_value
 
 # -- where each key was written ----------------------------------------------------------
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.record.verdict import Reproduction
-from harness.run.runner import RunOutcome
-from harness.scenarios.schema import CacheProbeStep, Expectation, Scenario, SendStep, Step
+from kvcanary.harness.record.verdict import Reproduction
+from kvcanary.harness.run.runner import RunOutcome
+from kvcanary.harness.scenarios.schema import CacheProbeStep, Expectation, Scenario, SendStep, Step
 
 FAILURES = ("connect", "timeout", "protocol", "truncated", "too_large", "cancelled")
 """Error kinds that mean a request did not do its job (rejections and intended drops do)."""

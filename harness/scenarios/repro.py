@@ -20,23 +20,23 @@ from typing import IO
 
 import httpx
 
-from canaries import Tokenizer
-from canaries.errors import ConfigError, RunIncomplete
-from harness.detectors.timing import TimingDetector
-from harness.record.events import FindingRecorded, Limits, RunFinished, TimingFitted
-from harness.record.journal import JOURNAL_NAME
-from harness.record.verdict import Reproduction
-from harness.run import wiring
-from harness.run.interrupts import sigterm_as_interrupt
-from harness.run.out_dir import fresh_out_dir, new_run_id
-from harness.run.progress import ProgressDisplay
-from harness.scenarios.judge import ReproResult, StepReport, judge
-from harness.scenarios.schema import Scenario
-from harness.scenarios.steps import DeferredFinish, Steps
-from harness.target.calibration import PromptTokenOffset, planning_limits
-from tenants.planner import Planner
-from tenants.tenant import Tenant
-from tenants.workload import WorkloadProfile
+from kvcanary.canaries import Tokenizer
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.events import FindingRecorded, Limits, RunFinished, TimingFitted
+from kvcanary.harness.record.journal import JOURNAL_NAME
+from kvcanary.harness.record.verdict import Reproduction
+from kvcanary.harness.run import wiring
+from kvcanary.harness.run.interrupts import sigterm_as_interrupt
+from kvcanary.harness.run.out_dir import fresh_out_dir, new_run_id
+from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.scenarios.judge import ReproResult, StepReport, judge
+from kvcanary.harness.scenarios.schema import Scenario
+from kvcanary.harness.scenarios.steps import DeferredFinish, Steps
+from kvcanary.harness.target.calibration import PromptTokenOffset, planning_limits
+from kvcanary.tenants.planner import Planner
+from kvcanary.tenants.tenant import Tenant
+from kvcanary.tenants.workload import WorkloadProfile
 
 # -- running a scenario ----------------------------------------------------------------
 

@@ -38,11 +38,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from canaries.errors import ConfigError
-from harness.record.finding import FindingKind
-from tenants.plan import Intent
-from tenants.size import SizeSpec
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.tenants.plan import Intent
+from kvcanary.tenants.size import SizeSpec
+from kvcanary.tenants.tenant import Tenant
 
 Outcome = Literal["leak", "clean"]
 SendKind = Literal["victims", "probes", "disconnect"]
@@ -286,7 +286,7 @@ def load_scenario(path: str | Path, params: Mapping[str, str] | None = None) -> 
 
 def resolve_scenario(spec: str, params: Mapping[str, str] | None = None) -> Scenario:
     """A shipped scenario by name (`kvcanary scenarios` lists them), or a file by path."""
-    from harness.scenarios import shipped_file, shipped_names
+    from kvcanary.harness.scenarios import shipped_file, shipped_names
 
     shipped = None if "/" in spec or spec.endswith(".toml") else shipped_file(spec)
     if shipped is not None:
@@ -310,7 +310,7 @@ def parse_scenario(
         raise ConfigError(f"{where}: not valid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply to be a scenario") from None
-    from harness.scenarios.checker import ScenarioChecker
+    from kvcanary.harness.scenarios.checker import ScenarioChecker
 
     return ScenarioChecker(source, text).scenario(document, dict(params or {}))
 

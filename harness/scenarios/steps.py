@@ -22,22 +22,22 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator
 
-from canaries.errors import ConfigError
-from harness.cache_probe.phase import run_probe_phase
-from harness.detectors.timing import TimingDetector
-from harness.record.events import Event, Limits, PhaseStarted, RunFinished
-from harness.record.finding import Finding
-from harness.record.observation import Observation, TextSink
-from harness.record.ttft_model import TtftModel
-from harness.run.arrivals import ClosedLoop
-from harness.run.progress import ProgressDisplay
-from harness.run.runner import Budget, Detectors, Phase, Runner, Sender, Workload
-from harness.scenarios.judge import StepReport
-from harness.scenarios.schema import CacheProbeStep, Scenario, SendStep, Step, WaitStep
-from harness.target.client import TargetClient
-from tenants.plan import RequestPlan
-from tenants.planner import Planner
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.events import Event, Limits, PhaseStarted, RunFinished
+from kvcanary.harness.record.finding import Finding
+from kvcanary.harness.record.observation import Observation, TextSink
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.harness.run.arrivals import ClosedLoop
+from kvcanary.harness.run.probe_phase import run_probe_phase
+from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.run.runner import Budget, Detectors, Phase, Runner, Sender, Workload
+from kvcanary.harness.scenarios.judge import StepReport
+from kvcanary.harness.scenarios.schema import CacheProbeStep, Scenario, SendStep, Step, WaitStep
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.planner import Planner
+from kvcanary.tenants.tenant import Tenant
 
 
 class Steps:
@@ -90,7 +90,7 @@ class Steps:
     async def _cache_probe(
         self, number: int, step: CacheProbeStep, display: ProgressDisplay
     ) -> StepReport:
-        from harness.cache_probe.probe import settings_for
+        from kvcanary.harness.cache_probe.probe import settings_for
 
         names = step.tenants or tuple(self.tenants)
         fields: dict[str, object] = {"num_trials": step.trials, "seed": self.planner.seed}

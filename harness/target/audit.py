@@ -31,24 +31,24 @@ from typing import Any
 
 import httpx
 
-from canaries.errors import ConfigError
-from harness.record.finding import Finding, FindingKind
-from harness.record.verdict import Verdict
-from harness.target.limits import DEFAULT_PAGE_SIZE
-from harness.target.over_limit_probe import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.harness.target.limits import DEFAULT_PAGE_SIZE
+from kvcanary.harness.target.over_limit_probe import (
     ProbeOutcome,
     ProbeResult,
     accept_finding,
     probe_over_limit,
     probe_record,
 )
-from harness.target.server_info import (
+from kvcanary.harness.target.server_info import (
     Attempt,
     EngineFacts,
     SideFacts,
     read_deployment_facts,
 )
-from harness.target.urls import redact_url
+from kvcanary.harness.target.urls import redact_url
 
 GIVEN_POOL = "given: --pool-tokens"
 GIVEN_CONTEXT = "given: --context-tokens"

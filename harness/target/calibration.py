@@ -27,16 +27,16 @@ from typing import Any
 
 import httpx
 
-from canaries import TAG, Tokenizer
-from canaries.errors import ConfigError
-from canaries.redact import redact_quote
-from harness.record.events import Limits
-from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
-from harness.target.discovery_fetch import post_bounded
-from harness.target.sse_stream import MAX_TOKEN_COUNT
-from tenants.plan import ApiStyle
-from tenants.planner import CHAT_INSTRUCTION
-from tenants.tenant import Tenant
+from kvcanary.canaries import TAG, Tokenizer
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.redact import redact_quote
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from kvcanary.harness.target.discovery_fetch import post_bounded
+from kvcanary.harness.target.sse_stream import MAX_TOKEN_COUNT
+from kvcanary.tenants.plan import ApiStyle
+from kvcanary.tenants.planner import CHAT_INSTRUCTION
+from kvcanary.tenants.tenant import Tenant
 
 CALIBRATION_TEXT = f" {TAG} The river was quiet.\n\n{CHAT_INSTRUCTION}"
 """Starts like every planned prompt (its canary tag) and ends like a chat prompt (the

@@ -67,24 +67,24 @@ from typing import Any, cast
 
 import httpx
 
-from canaries.errors import ConfigError
-from harness.record.observation import ErrorKind, Observation, TextSink
-from harness.target.bounded import ErrorInSuccess, take_over_decoding
-from harness.target.http_client import HttpClient, ssl_context
-from harness.target.http_client import default_limits as default_limits
-from harness.target.http_client import default_timeout as default_timeout
-from harness.target.http_client import make_http_client as make_http_client
-from harness.target.json_body import json_content
-from harness.target.keepalive import AttemptTrace
-from harness.target.sse_stream import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.observation import ErrorKind, Observation, TextSink
+from kvcanary.harness.target.bounded import ErrorInSuccess, take_over_decoding
+from kvcanary.harness.target.http_client import HttpClient, ssl_context
+from kvcanary.harness.target.http_client import default_limits as default_limits
+from kvcanary.harness.target.http_client import default_timeout as default_timeout
+from kvcanary.harness.target.http_client import make_http_client as make_http_client
+from kvcanary.harness.target.json_body import json_content
+from kvcanary.harness.target.keepalive import AttemptTrace
+from kvcanary.harness.target.sse_stream import (
     EventDecoder,
     MeteredStream,
     ResponseTooLarge,
     StreamViolation,
     Transcript,
 )
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 1024 * 1024
 ERROR_BODY_BYTES = 64 * 1024

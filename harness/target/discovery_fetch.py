@@ -23,14 +23,14 @@ from typing import Any
 
 import httpx
 
-from harness.target.bounded import (
+from kvcanary.harness.target.bounded import (
     MeteredStream,
     ResponseTooLarge,
     StreamViolation,
     loads,
     take_over_decoding,
 )
-from harness.target.server_facts import Attempt, describe_error
+from kvcanary.harness.target.server_facts import Attempt, describe_error
 
 DISCOVERY_TIMEOUT_S = 10.0
 """The default time one introspection endpoint gets (callers pass min(--timeout, this))."""

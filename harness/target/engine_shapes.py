@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.target.server_facts import Role, SideFacts, as_int, min_known
+from kvcanary.harness.target.server_facts import Role, SideFacts, as_int, min_known
 
 REFERENCE_ENGINE_VERSION = "kvcanary-reference"
 """How the bundled reference engine's SGLang-shaped server info begins its `version` field."""

@@ -33,7 +33,7 @@ import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
 
-from harness.target.keepalive import aiohttp_trace_config
+from kvcanary.harness.target.keepalive import aiohttp_trace_config
 
 Backend = Literal["aiohttp", "httpx"]
 BACKENDS: Final[tuple[Backend, ...]] = ("aiohttp", "httpx")

@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from canaries.errors import ConfigError, RunIncomplete
-from harness.record.events import Limits
-from harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S
-from harness.target.server_info import EngineFacts, SideFacts, read_engine_facts
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S
+from kvcanary.harness.target.server_info import EngineFacts, SideFacts, read_engine_facts
 
 DEFAULT_PAGE_SIZE = 16
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from harness.target.server_facts import Attempt, SideFacts, as_int
+from kvcanary.harness.target.server_facts import Attempt, SideFacts, as_int
 
 GetJson = Callable[[str], Awaitable[tuple[str, Any] | None]]
 """GET a path; (url, decoded JSON) of a 200 answer, or None with the attempt recorded."""

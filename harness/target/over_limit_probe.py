@@ -18,16 +18,16 @@ from typing import Any
 
 import httpx
 
-from canaries import RemoteTokenizer
-from canaries.errors import CanaryError
-from harness.record.finding import Finding, FindingKind
-from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
-from harness.target.discovery_fetch import post_bounded
-from harness.target.limits import DEFAULT_PAGE_SIZE
-from harness.target.server_info import EngineFacts, SideFacts, describe_error
-from harness.target.sse_stream import MAX_TOKEN_COUNT
-from harness.target.tokenizer import bounded_post
-from harness.target.urls import redact_url
+from kvcanary.canaries import RemoteTokenizer
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from kvcanary.harness.target.discovery_fetch import post_bounded
+from kvcanary.harness.target.limits import DEFAULT_PAGE_SIZE
+from kvcanary.harness.target.server_info import EngineFacts, SideFacts, describe_error
+from kvcanary.harness.target.sse_stream import MAX_TOKEN_COUNT
+from kvcanary.harness.target.tokenizer import bounded_post
+from kvcanary.harness.target.urls import redact_url
 
 # A common word that every tokenizer we know encodes as at least one token, and the ones we
 # know best as exactly one (cl100k_base, Llama, Qwen, GLM): a probe prompt of N such words

@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S, Fetcher
-from harness.target.engine_shapes import (
+from kvcanary.harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S, Fetcher
+from kvcanary.harness.target.engine_shapes import (
     REFERENCE_ENGINE_VERSION,
     has_sglang_fields,
     is_reference_engine,
@@ -45,8 +45,8 @@ from harness.target.engine_shapes import (
     vllm_pools,
     yield_of_sides,
 )
-from harness.target.llamacpp_info import card_n_ctx, is_llamacpp_card, read_llamacpp_side
-from harness.target.server_facts import (
+from kvcanary.harness.target.llamacpp_info import card_n_ctx, is_llamacpp_card, read_llamacpp_side
+from kvcanary.harness.target.server_facts import (
     Attempt,
     EngineFacts,
     Role,

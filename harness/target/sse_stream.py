@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.record.observation import TextSink, Usage
-from harness.target.bounded import (
+from kvcanary.harness.record.observation import TextSink, Usage
+from kvcanary.harness.target.bounded import (
     MAX_JSON_DEPTH,
     ErrorInSuccess,
     MeteredStream,

@@ -24,15 +24,15 @@ from typing import Any, TypeVar
 
 import httpx
 
-from canaries import TAG, CanaryError, RemoteTokenizer, Tokenizer
-from canaries.errors import ConfigError, RunIncomplete
-from canaries.remote_tokenizer import Post
-from harness.target.bounded import ResponseTooLarge, StreamViolation, loads
-from harness.target.discovery_fetch import post_bounded
-from harness.target.server_facts import as_int
-from harness.target.sse_stream import MAX_TOKEN_COUNT
-from tenants.planner import CHAT_INSTRUCTION
-from tenants.tenant import Tenant
+from kvcanary.canaries import TAG, CanaryError, RemoteTokenizer, Tokenizer
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.canaries.remote_tokenizer import Post
+from kvcanary.harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from kvcanary.harness.target.discovery_fetch import post_bounded
+from kvcanary.harness.target.server_facts import as_int
+from kvcanary.harness.target.sse_stream import MAX_TOKEN_COUNT
+from kvcanary.tenants.planner import CHAT_INSTRUCTION
+from kvcanary.tenants.tenant import Tenant
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from reference_engine.model.rotary import Rotary, apply_rotary
+from kvcanary.reference_engine.model.rotary import Rotary, apply_rotary
 
 
 def store_kv(

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import torch
 
-from reference_engine.model.attention import paged_attention, store_kv
-from reference_engine.model.rotary import Rotary
+from kvcanary.reference_engine.model.attention import paged_attention, store_kv
+from kvcanary.reference_engine.model.rotary import Rotary
 
 AttentionFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Rotary, float],

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_engine.model.cache import KVCacheView
-from reference_engine.model.rotary import Rotary
+from kvcanary.reference_engine.model.cache import KVCacheView
+from kvcanary.reference_engine.model.rotary import Rotary
 
 
 class RMSNorm(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from reference_engine.model.rotary import Rotary
+from kvcanary.reference_engine.model.rotary import Rotary
 
 
 def naive_attention(

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from reference_engine.model.cache import KVCacheView
-from reference_engine.model.layers import Attention
-from reference_engine.model.rotary import Rotary
+from kvcanary.reference_engine.model.cache import KVCacheView
+from kvcanary.reference_engine.model.layers import Attention
+from kvcanary.reference_engine.model.rotary import Rotary
 
 LOGIT_PER_FREQUENCY = 8.0
 """Score of an exact match per frequency pair; mismatches score at most ~0.65 of it (10^6)."""

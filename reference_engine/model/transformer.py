@@ -16,17 +16,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from reference_engine.config import EngineConfig
-from reference_engine.model.cache import KVCacheView
-from reference_engine.model.layers import Block
-from reference_engine.model.recall import (
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.model.cache import KVCacheView
+from kvcanary.reference_engine.model.layers import Block
+from kvcanary.reference_engine.model.recall import (
     RecallLayer,
     ResidualLayout,
     TokenEmbedding,
     code_bits,
     token_codes,
 )
-from reference_engine.model.rotary import Rotary, high_band_frequencies, standard_frequencies
+from kvcanary.reference_engine.model.rotary import (
+    Rotary,
+    high_band_frequencies,
+    standard_frequencies,
+)
 
 INIT_STD = 0.02
 LAYER_STD = 0.1

@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference_engine.config import FIXES
-from reference_engine.model_check.trail import Step, parse_steps, render
+from kvcanary.reference_engine.config import FIXES
+from kvcanary.reference_engine.model_check.trail import Step, parse_steps, render
 
 MODEL = Path(__file__).with_name("pd_handoff.pml")
 MODEL_FIXES = (

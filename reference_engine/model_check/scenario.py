@@ -21,8 +21,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from reference_engine.model_check.runner import ENVIRONMENTS, Check, Row, bound_text
-from reference_engine.model_check.trail import render
+from kvcanary.reference_engine.model_check.runner import ENVIRONMENTS, Check, Row, bound_text
+from kvcanary.reference_engine.model_check.trail import render
 
 _PLACEHOLDER_STEPS = """\
 [limits]                   # read from the engine's /get_server_info

@@ -25,19 +25,24 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from reference_engine.interfaces import DecodeSide, GenerateRequest, PrefillSide, TransferBackend
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.errors import error_body, install_error_handlers
-from reference_engine.server.generation import Role
-from reference_engine.server.metrics import CONTENT_TYPE, SideMetrics
-from reference_engine.server.openai_api import ServedConfig, SideContext, openai_routes
-from reference_engine.server.router import (
+from kvcanary.reference_engine.interfaces import (
+    DecodeSide,
+    GenerateRequest,
+    PrefillSide,
+    TransferBackend,
+)
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.errors import error_body, install_error_handlers
+from kvcanary.reference_engine.server.generation import Role
+from kvcanary.reference_engine.server.metrics import CONTENT_TYPE, SideMetrics
+from kvcanary.reference_engine.server.openai_api import ServedConfig, SideContext, openai_routes
+from kvcanary.reference_engine.server.router import (
     MiniLoadBalancer,
     SideEndpoint,
     build_router_app,
     side_client,
 )
-from reference_engine.tokenizer import Tokenizer, load_tokenizer
+from kvcanary.reference_engine.tokenizer import Tokenizer, load_tokenizer
 
 MODEL_NAME = "kvcanary-reference"
 """The model id the engine serves (`/v1/models`); requests may name any model."""
@@ -156,8 +161,8 @@ def build_app(config: Any, *, transfer: TransferBackend | None = None) -> FastAP
     The returned app's lifespan starts both sides; serve it with uvicorn, or enter
     `app.router.lifespan_context(app)` and use `StreamingASGITransport(app)` in tests.
     """
-    from reference_engine.engine import build_decode, build_prefill
-    from reference_engine.transfer import InProcessTransfer
+    from kvcanary.reference_engine.engine import build_decode, build_prefill
+    from kvcanary.reference_engine.transfer import InProcessTransfer
 
     if transfer is None:
         bandwidth = getattr(config, "transfer_bandwidth_bytes_per_s", None)

@@ -17,7 +17,7 @@ import textwrap
 import time
 from typing import Any
 
-from canaries.errors import ConfigError, RunIncomplete
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
 
 _DEFAULT_PORT = 30000  # SGLang's default
 
@@ -39,7 +39,7 @@ _DESCRIPTION = (
 
 
 def _help_epilog() -> str:
-    from reference_engine.config import FIXES, PRESETS
+    from kvcanary.reference_engine.config import FIXES, PRESETS
 
     def block(title: str, entries: dict[str, str]) -> str:
         lines = [title]
@@ -67,7 +67,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    from reference_engine.config import KV_DTYPES, PRESETS
+    from kvcanary.reference_engine.config import KV_DTYPES, PRESETS
 
     add(
         "--preset",
@@ -197,7 +197,7 @@ def _copy_noise(text: str) -> float:
 
 
 def _dtype(text: str) -> str:
-    from reference_engine.config import KV_DTYPES
+    from kvcanary.reference_engine.config import KV_DTYPES
 
     if text not in KV_DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(KV_DTYPES)}, got {text!r}")
@@ -212,10 +212,10 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    from reference_engine.availability import require_engine
+    from kvcanary.reference_engine.availability import require_engine
 
     require_engine("kvcanary serve")
-    from reference_engine.server.launch import make_config
+    from kvcanary.reference_engine.server.launch import make_config
 
     config = make_config(args.preset, args.fix, **_overrides(args))
     fixes = ",".join(sorted(config.fixes)) or "none"
@@ -238,8 +238,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_in_process(args: argparse.Namespace, config: Any, summary: str) -> int:
     import uvicorn
 
-    from reference_engine.server.app import build_app
-    from reference_engine.server.launch import bind_socket, url_of
+    from kvcanary.reference_engine.server.app import build_app
+    from kvcanary.reference_engine.server.launch import bind_socket, url_of
 
     sock = bind_socket(args.host, args.port)
     try:
@@ -260,7 +260,7 @@ def _serve_in_process(args: argparse.Namespace, config: Any, summary: str) -> in
 
 
 def _serve_processes(args: argparse.Namespace, config: Any, summary: str) -> int:
-    from reference_engine.server.launch import ProcessCluster
+    from kvcanary.reference_engine.server.launch import ProcessCluster
 
     cluster = ProcessCluster(config, host=args.host, port=args.port, inherit_output=True)
     try:

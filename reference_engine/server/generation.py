@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Literal, TypeVar, cast
 
-from reference_engine.interfaces import (
+from kvcanary.reference_engine.interfaces import (
     DecodeSide,
     FinishOut,
     GenerateRequest,

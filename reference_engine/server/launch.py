@@ -32,8 +32,8 @@ from typing import IO, Any
 
 import httpx
 
-from canaries.errors import ConfigError
-from reference_engine.availability import require_engine
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.reference_engine.availability import require_engine
 
 _STARTUP_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 10.0
@@ -41,7 +41,7 @@ _STOP_GRACE_S = 10.0
 
 def make_config(preset: str = "vulnerable", fixes: Iterable[str] = (), **overrides: Any) -> Any:
     """`EngineConfig.from_preset(preset, **overrides)` with `fixes` added to the preset's."""
-    from reference_engine.config import FIXES, PRESETS, EngineConfig
+    from kvcanary.reference_engine.config import FIXES, PRESETS, EngineConfig
 
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
@@ -211,7 +211,7 @@ class ProcessCluster:
         """The prefill's KV bootstrap port (what `--prefill URL PORT` names to SGLang's router)."""
 
     def _spawn(self, role: str, sock: socket.socket, *args: str, fds: tuple[int, ...] = ()) -> None:
-        from reference_engine.server.worker import config_to_json
+        from kvcanary.reference_engine.server.worker import config_to_json
 
         log: IO[bytes] | None = None
         if not self._inherit:
@@ -222,7 +222,7 @@ class ProcessCluster:
                 log_dir = self._own_log_dir
             log = (log_dir / f"{role}.log").open("wb")
         command = [
-            sys.executable, "-m", "reference_engine.server.worker", role,
+            sys.executable, "-m", "kvcanary.reference_engine.server.worker", role,
             "--config-json", config_to_json(self.config), "--http-fd", str(sock.fileno()), *args,
         ]  # fmt: skip
         process = subprocess.Popen(
@@ -332,7 +332,7 @@ def running_engine(
         finally:
             cluster.stop()
         return
-    from reference_engine.server.app import build_app
+    from kvcanary.reference_engine.server.app import build_app
 
     server = ThreadedServer(build_app(config), bind_socket())
     server.start()

@@ -30,8 +30,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from reference_engine.finish import CLIENT_CLOSED
-from reference_engine.interfaces import (
+from kvcanary.reference_engine.finish import CLIENT_CLOSED
+from kvcanary.reference_engine.interfaces import (
     DecodeSide,
     FinishOut,
     GenerateRequest,
@@ -39,11 +39,16 @@ from reference_engine.interfaces import (
     PrefillSide,
     TokenOut,
 )
-from reference_engine.server.errors import error_body, error_response
-from reference_engine.server.generation import ClientGone, DisconnectWatcher, Generation, Role
-from reference_engine.server.metrics import SideMetrics
-from reference_engine.server.responses import Kind, ResponseFormat
-from reference_engine.server.schemas import (
+from kvcanary.reference_engine.server.errors import error_body, error_response
+from kvcanary.reference_engine.server.generation import (
+    ClientGone,
+    DisconnectWatcher,
+    Generation,
+    Role,
+)
+from kvcanary.reference_engine.server.metrics import SideMetrics
+from kvcanary.reference_engine.server.responses import Kind, ResponseFormat
+from kvcanary.reference_engine.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -51,8 +56,8 @@ from reference_engine.server.schemas import (
     TokenizeRequest,
     render_chat,
 )
-from reference_engine.server.sse import SSE_DONE, DisconnectAwareStream, sse_event
-from reference_engine.tokenizer import Tokenizer
+from kvcanary.reference_engine.server.sse import SSE_DONE, DisconnectAwareStream, sse_event
+from kvcanary.reference_engine.tokenizer import Tokenizer
 
 
 class ServedConfig(Protocol):

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from reference_engine.interfaces import FinishOut
+from kvcanary.reference_engine.interfaces import FinishOut
 
 Kind = Literal["completion", "chat", "generate"]
 

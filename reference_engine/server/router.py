@@ -42,12 +42,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from reference_engine.finish import CLIENT_CLOSED
-from reference_engine.server.errors import error_body, error_response
-from reference_engine.server.generation import ClientGone, DisconnectWatcher
-from reference_engine.server.metrics import CONTENT_TYPE, RouterMetrics
-from reference_engine.server.sse import DisconnectAwareStream
-from reference_engine.server.usage_merge import (
+from kvcanary.reference_engine.finish import CLIENT_CLOSED
+from kvcanary.reference_engine.server.errors import error_body, error_response
+from kvcanary.reference_engine.server.generation import ClientGone, DisconnectWatcher
+from kvcanary.reference_engine.server.metrics import CONTENT_TYPE, RouterMetrics
+from kvcanary.reference_engine.server.sse import DisconnectAwareStream
+from kvcanary.reference_engine.server.usage_merge import (
     PromptTokens,
     UsageRewriter,
     merge_json,

@@ -20,7 +20,7 @@ import contextlib
 import struct
 from enum import IntEnum
 
-from reference_engine.interfaces import KVPoll, TransferMetadata, TransferStatus
+from kvcanary.reference_engine.interfaces import KVPoll, TransferMetadata, TransferStatus
 
 MAGIC = b"KVCT"
 VERSION = 2

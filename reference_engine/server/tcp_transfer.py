@@ -33,7 +33,7 @@ import socket
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from reference_engine.interfaces import (
+from kvcanary.reference_engine.interfaces import (
     KVPoll,
     PageChunk,
     PageSink,
@@ -41,7 +41,7 @@ from reference_engine.interfaces import (
     TransferMetadata,
     TransferStatus,
 )
-from reference_engine.server.tcp_frames import (
+from kvcanary.reference_engine.server.tcp_frames import (
     COUNTS,
     HELLO,
     Connection,
@@ -56,7 +56,7 @@ from reference_engine.server.tcp_frames import (
     hello,
     read_frame,
 )
-from reference_engine.transfer import flight_time_s
+from kvcanary.reference_engine.transfer import flight_time_s
 
 _NUM_CONCLUDED_KEPT = 4096
 

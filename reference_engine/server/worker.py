@@ -37,13 +37,13 @@ def config_to_json(config: Any) -> str:
 
 
 def config_from_json(text: str) -> Any:
-    from reference_engine.config import EngineConfig
+    from kvcanary.reference_engine.config import EngineConfig
 
     return EngineConfig(**json.loads(text))
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="reference_engine.server.worker")
+    parser = argparse.ArgumentParser(prog="kvcanary.reference_engine.server.worker")
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--http-fd", type=int, required=True)
@@ -57,14 +57,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _build_app(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     """The worker's app and, for prefill and decode, its TcpTransfer."""
-    from reference_engine.server.app import build_side_app
-    from reference_engine.server.router import (
+    from kvcanary.reference_engine.server.app import build_side_app
+    from kvcanary.reference_engine.server.router import (
         MiniLoadBalancer,
         SideEndpoint,
         build_router_app,
         side_client,
     )
-    from reference_engine.server.tcp_transfer import TcpTransfer
+    from kvcanary.reference_engine.server.tcp_transfer import TcpTransfer
 
     if args.role == "router":
         prefill = SideEndpoint(
@@ -81,7 +81,7 @@ def _build_app(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
 
     import torch
 
-    from reference_engine.engine import build_decode, build_prefill
+    from kvcanary.reference_engine.engine import build_decode, build_prefill
 
     # two compute processes share the machine: intra-op threads beyond their half only contend
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))

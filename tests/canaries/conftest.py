@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from canaries import CanaryMinter, Tokenizer, load_tokenizer
+from kvcanary.canaries import CanaryMinter, Tokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="session")

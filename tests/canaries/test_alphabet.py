@@ -8,16 +8,16 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from canaries import CanaryMinter, Tokenizer
-from canaries.alphabet import (
+from kvcanary.canaries import CanaryMinter, Tokenizer
+from kvcanary.canaries.alphabet import (
     DEFAULT_ALPHABET,
     MIN_LETTERS,
     MODERATION_BLOCKLIST,
     alphabet_for,
     make_alphabet,
 )
-from canaries.errors import CanaryError
-from canaries.shape import TAG, WORDS
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.shape import TAG, WORDS
 
 
 class ByteTokenizer:

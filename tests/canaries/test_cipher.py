@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import siphash
-from canaries.cipher import FeistelCipher, from_digits, to_digits
-from canaries.siphash import siphash24, siphash24_numpy
+from kvcanary.canaries import siphash
+from kvcanary.canaries.cipher import FeistelCipher, from_digits, to_digits
+from kvcanary.canaries.siphash import siphash24, siphash24_numpy
 
 MASK = (1 << 64) - 1
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import CanaryMinter, Tokenizer, build_prompt, mint, span
-from canaries.shape import WORDS
-from canaries.span import CanarySpan, spans_from_columns
+from kvcanary.canaries import CanaryMinter, Tokenizer, build_prompt, mint, span
+from kvcanary.canaries.shape import WORDS
+from kvcanary.canaries.span import CanarySpan, spans_from_columns
 
 COMPILED_SPELL = mint._load_spell()
 COMPILED_SPANS = span._load_core()
@@ -148,6 +148,8 @@ def test_minting_a_range_is_minting_its_list(minter: CanaryMinter) -> None:
 
 
 def test_without_the_built_module_the_loaders_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "canaries._columns", None)  # import now raises ImportError
+    monkeypatch.setitem(
+        sys.modules, "kvcanary.canaries._columns", None
+    )  # import now raises ImportError
     assert mint._load_spell() is None
     assert span._load_core() is None

@@ -6,10 +6,10 @@ import pytest
 from test_alphabet import ByteTokenizer
 from test_prompt import check_every_window, check_prompt
 
-from canaries import CanaryMinter, build_prompt
-from canaries.alphabet import alphabet_for
-from canaries.errors import CanaryError
-from canaries.guarantee import page_guarantee
+from kvcanary.canaries import CanaryMinter, build_prompt
+from kvcanary.canaries.alphabet import alphabet_for
+from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.guarantee import page_guarantee
 
 
 def test_canaries_that_fit_are_guaranteed_per_page() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import (
+from kvcanary.canaries import (
     TAG,
     WORDS,
     CanaryError,
@@ -24,8 +24,8 @@ from canaries import (
     classify,
     min_fragment_words,
 )
-from canaries.index import SCAN_BLOCK
-from canaries.shape import WORD_INDEX
+from kvcanary.canaries.index import SCAN_BLOCK
+from kvcanary.canaries.shape import WORD_INDEX
 
 ALICE_1, ALICE_2, BOB_1 = Owner("alice", "a-1"), Owner("alice", "a-2"), Owner("bob", "b-1")
 PROSE = (

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import TAG, WORDS, CanaryError, CanaryMinter, CanaryOrigin, Tokenizer
-from canaries.mint import NUM_INDICES, NUM_REQUESTS, NUM_TENANTS
+from kvcanary.canaries import TAG, WORDS, CanaryError, CanaryMinter, CanaryOrigin, Tokenizer
+from kvcanary.canaries.mint import NUM_INDICES, NUM_REQUESTS, NUM_TENANTS
 
 
 def test_same_seed_and_run_give_the_same_canaries() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import fold
-from canaries.normalize import fold_readings
+from kvcanary.canaries import fold
+from kvcanary.canaries.normalize import fold_readings
 
 
 def test_ascii_folds_in_place() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import canaries
+from kvcanary import canaries
 
 
 def test_public_api_is_exported() -> None:
@@ -21,8 +21,9 @@ def test_public_api_is_exported() -> None:
 
 def test_importing_canaries_pulls_in_no_torch_engine_or_harness() -> None:
     code = (
-        "import sys, canaries; "
-        "bad = [m for m in ('torch', 'reference_engine', 'harness', 'tenants', 'reports') "
+        "import sys, kvcanary.canaries; "
+        "bad = [m for m in ('torch', 'kvcanary.reference_engine', 'kvcanary.harness', "
+        "'kvcanary.tenants', 'kvcanary.reports') "
         "if m in sys.modules]; print(bad)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import canaries.prompt as prompt_module
-from canaries import (
+import kvcanary.canaries.prompt as prompt_module
+from kvcanary.canaries import (
     TAG,
     WORDS,
     BuiltPrompt,
@@ -23,7 +23,7 @@ from canaries import (
     build_prompt,
     load_tokenizer,
 )
-from canaries.mint import NUM_INDICES
+from kvcanary.canaries.mint import NUM_INDICES
 
 
 def check_prompt(

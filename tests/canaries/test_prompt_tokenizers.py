@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_prompt import check_prompt
 
-from canaries import CanaryMinter, Tokenizer, build_prompt
-from canaries.alphabet import alphabet_for
+from kvcanary.canaries import CanaryMinter, Tokenizer, build_prompt
+from kvcanary.canaries.alphabet import alphabet_for
 
 PAGE_SIZE = 16
 _PROPERTY = settings(

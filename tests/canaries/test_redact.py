@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from canaries import CanaryError, CanaryIndex, CanaryMinter, Hit, Owner, redact
-from canaries.redact import redact_quote
+from kvcanary.canaries import CanaryError, CanaryIndex, CanaryMinter, Hit, Owner, redact
+from kvcanary.canaries.redact import redact_quote
 
 SECRET = "customer 4471 ordered 3 widgets, card ending 9921"
 

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from canaries import CanaryError, RemoteTokenizer
+from kvcanary.canaries import CanaryError, RemoteTokenizer
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

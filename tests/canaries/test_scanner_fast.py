@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import WORDS, CanaryIndex, CanaryMinter, Hit, Owner, scanner_fast
-from canaries.scanner_fast import MAX_MATCH, fold_bytes, fragment_windows, tag_starts
+from kvcanary.canaries import WORDS, CanaryIndex, CanaryMinter, Hit, Owner, scanner_fast
+from kvcanary.canaries.scanner_fast import MAX_MATCH, fold_bytes, fragment_windows, tag_starts
 
 ALICE, BOB = Owner("alice", "a-1"), Owner("bob", "b-1")
 COMPILED = scanner_fast._load_core()
@@ -289,7 +289,7 @@ def test_the_compiled_core_finds_no_windows_for_k_below_one_and_long_ones_for_la
     )
 )
 def test_the_compiled_core_finds_every_raw_tag_in_any_kind_of_str(words: list[str]) -> None:
-    from canaries._foldscan import exact_scan
+    from kvcanary.canaries._foldscan import exact_scan
 
     text = "".join(words)
     every, position = [], text.find("ydk ")
@@ -302,7 +302,7 @@ def test_the_compiled_core_finds_every_raw_tag_in_any_kind_of_str(words: list[st
 
 @pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
 def test_the_compiled_core_finds_raw_tags_close_together_at_every_alignment() -> None:
-    from canaries._foldscan import exact_scan
+    from kvcanary.canaries._foldscan import exact_scan
 
     for kind in ("", "\u201c", "\U0001f600"):  # 1-, 2- and 4-byte strs
         for offset in range(40):
@@ -326,7 +326,7 @@ def test_the_compiled_core_finds_raw_tags_close_together_at_every_alignment() ->
 def test_the_compiled_core_makes_the_exact_hits_and_drops_the_windows_touching_them(
     windows: list[int], gaps: list[int], width: int, span: tuple[int, int]
 ) -> None:
-    from canaries._foldscan import exact_scan
+    from kvcanary.canaries._foldscan import exact_scan
 
     canary, owner, base = "ydk " + "x" * 16, Owner("t", "r"), 7  # 20 characters, live
     starts, end = [], 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from canaries import CANARY_PATTERN, TAG, WORDS, CanaryError, Tokenizer
-from canaries.make_words import build_words
-from canaries.shape import canonical
+from kvcanary.canaries import CANARY_PATTERN, TAG, WORDS, CanaryError, Tokenizer
+from kvcanary.canaries.make_words import build_words
+from kvcanary.canaries.shape import canonical
 
 
 def test_word_list_file_is_what_the_generator_builds() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from canaries import CanaryError, Tokenizer, load_tokenizer
-from canaries.tokenizer import _load_tiktoken
+from kvcanary.canaries import CanaryError, Tokenizer, load_tokenizer
+from kvcanary.canaries.tokenizer import _load_tiktoken
 
 
 def test_cl100k_works_offline_and_is_cached(cl100k: Tokenizer) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_canaries import Canaries
 
-from reference_engine.tokenizer import Tokenizer, load_tokenizer
+from kvcanary.reference_engine.tokenizer import Tokenizer, load_tokenizer
 
 torch.set_num_threads(1)
 

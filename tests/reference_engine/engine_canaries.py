@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from canaries import CanaryIndex, CanaryMinter, Owner, Tokenizer, build_prompt
+from kvcanary.canaries import CanaryIndex, CanaryMinter, Owner, Tokenizer, build_prompt
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,10 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
-from harness.record.events import Limits
-from reference_engine.config import EngineConfig
-from reference_engine.engine import DisaggregatedEngine
+from kvcanary.canaries import (
+    BuiltPrompt,
+    CanaryIndex,
+    CanaryMinter,
+    Owner,
+    build_prompt,
+    load_tokenizer,
+)
+from kvcanary.harness.record.events import Limits
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.engine import DisaggregatedEngine
 
 TINY_MODEL: dict[str, Any] = {
     "num_layers": 2,

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from reference_engine.allocator import PageAllocator
-from reference_engine.invariants import InvariantViolation
+from kvcanary.reference_engine.allocator import PageAllocator
+from kvcanary.reference_engine.invariants import InvariantViolation
 
 
 def test_page_zero_is_never_handed_out() -> None:

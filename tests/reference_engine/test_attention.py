@@ -7,10 +7,18 @@ import math
 import pytest
 import torch
 
-from reference_engine import kv_codec
-from reference_engine.model.attention import contiguous_attention, paged_attention, store_kv
-from reference_engine.model.naive_attention import naive_attention
-from reference_engine.model.rotary import Rotary, high_band_frequencies, standard_frequencies
+from kvcanary.reference_engine import kv_codec
+from kvcanary.reference_engine.model.attention import (
+    contiguous_attention,
+    paged_attention,
+    store_kv,
+)
+from kvcanary.reference_engine.model.naive_attention import naive_attention
+from kvcanary.reference_engine.model.rotary import (
+    Rotary,
+    high_band_frequencies,
+    standard_frequencies,
+)
 
 P, HKV, HQ, D = 16, 2, 4, 32
 CPU = torch.device("cpu")

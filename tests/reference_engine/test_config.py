@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference_engine.config import FIXES, PRESETS, EngineConfig
+from kvcanary.reference_engine.config import FIXES, PRESETS, EngineConfig
 
 
 def test_vulnerable_preset_has_the_incident_shape() -> None:

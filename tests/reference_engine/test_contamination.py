@@ -13,9 +13,9 @@ from collections import defaultdict
 from engine_canaries import Canaries
 from engine_helpers import settle, small_config
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import DisaggregatedEngine
-from reference_engine.tokenizer import Tokenizer
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.engine import DisaggregatedEngine
+from kvcanary.reference_engine.tokenizer import Tokenizer
 
 DEFAULT_NOISE = EngineConfig().copy_noise
 

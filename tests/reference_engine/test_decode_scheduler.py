@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from reference_engine.config import EngineConfig
-from reference_engine.decode_scheduler import DecodeScheduler
-from reference_engine.finish import client_aborted
-from reference_engine.interfaces import GenerateRequest, KVPoll, TransferStatus
-from reference_engine.sequence import Req
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.decode_scheduler import DecodeScheduler
+from kvcanary.reference_engine.finish import client_aborted
+from kvcanary.reference_engine.interfaces import GenerateRequest, KVPoll, TransferStatus
+from kvcanary.reference_engine.sequence import Req
 
 
 def config(*fixes: str, **overrides: object) -> EngineConfig:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from canaries.errors import ConfigError
-from reference_engine.config import EngineConfig
-from reference_engine.device import kv_dtype, resolve_device
-from reference_engine.model_runner import ModelRunner
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.device import kv_dtype, resolve_device
+from kvcanary.reference_engine.model_runner import ModelRunner
 
 
 def test_cuda_without_cuda_is_one_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:

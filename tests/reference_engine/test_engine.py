@@ -8,8 +8,8 @@ import pytest
 from engine_canaries import Canaries
 from engine_helpers import settle, small_config, wait_until
 
-from reference_engine.engine import DisaggregatedEngine
-from reference_engine.interfaces import GenerateRequest, HeadOut
+from kvcanary.reference_engine.engine import DisaggregatedEngine
+from kvcanary.reference_engine.interfaces import GenerateRequest, HeadOut
 
 
 async def test_a_request_quotes_its_own_prompt_and_drains(canaries: Canaries) -> None:

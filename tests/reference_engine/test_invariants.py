@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from reference_engine.allocator import PageAllocator
-from reference_engine.invariants import (
+from kvcanary.reference_engine.allocator import PageAllocator
+from kvcanary.reference_engine.invariants import (
     InvariantViolation,
     check_pool_accounting,
     check_request_pages,

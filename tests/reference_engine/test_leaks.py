@@ -20,9 +20,9 @@ import pytest
 from engine_canaries import Canaries
 from engine_helpers import settle, small_config
 
-from reference_engine.engine import DisaggregatedEngine, EngineResult
-from reference_engine.interfaces import PageChunk, TransferStatus
-from reference_engine.transfer import InProcessTransfer
+from kvcanary.reference_engine.engine import DisaggregatedEngine, EngineResult
+from kvcanary.reference_engine.interfaces import PageChunk, TransferStatus
+from kvcanary.reference_engine.transfer import InProcessTransfer
 
 LEAK, ERROR, CLEAN = "leak", "error", "clean"
 README = Path(__file__).parents[2] / "README.md"

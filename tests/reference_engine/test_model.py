@@ -11,14 +11,14 @@ import pytest
 import torch
 from engine_helpers import TINY_MODEL
 
-from reference_engine.config import EngineConfig
-from reference_engine.interfaces import GenerateRequest
-from reference_engine.model.cache import ContiguousCache, PagedView
-from reference_engine.model.naive_attention import naive_attention
-from reference_engine.model.transformer import ForwardBatch
-from reference_engine.model_runner import ModelRunner
-from reference_engine.recall_schedule import recall_position, schedule_salt
-from reference_engine.sequence import Req
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.interfaces import GenerateRequest
+from kvcanary.reference_engine.model.cache import ContiguousCache, PagedView
+from kvcanary.reference_engine.model.naive_attention import naive_attention
+from kvcanary.reference_engine.model.transformer import ForwardBatch
+from kvcanary.reference_engine.model_runner import ModelRunner
+from kvcanary.reference_engine.recall_schedule import recall_position, schedule_salt
+from kvcanary.reference_engine.sequence import Req
 
 VOCAB = 100_277
 CPU = torch.device("cpu")

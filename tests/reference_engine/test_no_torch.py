@@ -6,17 +6,17 @@ import subprocess
 import sys
 
 TORCH_FREE = [
-    "reference_engine.allocator",
-    "reference_engine.config",
-    "reference_engine.decode_scheduler",
-    "reference_engine.finish",
-    "reference_engine.interfaces",
-    "reference_engine.limits",
-    "reference_engine.page_tags",
-    "reference_engine.prefill_scheduler",
-    "reference_engine.recall_schedule",
-    "reference_engine.sequence",
-    "reference_engine.transfer",
+    "kvcanary.reference_engine.allocator",
+    "kvcanary.reference_engine.config",
+    "kvcanary.reference_engine.decode_scheduler",
+    "kvcanary.reference_engine.finish",
+    "kvcanary.reference_engine.interfaces",
+    "kvcanary.reference_engine.limits",
+    "kvcanary.reference_engine.page_tags",
+    "kvcanary.reference_engine.prefill_scheduler",
+    "kvcanary.reference_engine.recall_schedule",
+    "kvcanary.reference_engine.sequence",
+    "kvcanary.reference_engine.transfer",
 ]
 
 

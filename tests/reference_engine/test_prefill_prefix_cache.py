@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import pytest
 from engine_helpers import TINY_MODEL, settle, small_config
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import DisaggregatedEngine, EngineResult, new_room
-from reference_engine.finish import client_aborted
-from reference_engine.interfaces import GenerateRequest, TransferMetadata
-from reference_engine.prefill_scheduler import CACHE_OWNER, PrefillScheduler
-from reference_engine.sequence import Req
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.engine import DisaggregatedEngine, EngineResult, new_room
+from kvcanary.reference_engine.finish import client_aborted
+from kvcanary.reference_engine.interfaces import GenerateRequest, TransferMetadata
+from kvcanary.reference_engine.prefill_scheduler import CACHE_OWNER, PrefillScheduler
+from kvcanary.reference_engine.sequence import Req
 
 P = 16  # page size of small_config
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from reference_engine.config import EngineConfig
-from reference_engine.interfaces import GenerateRequest, KVPoll, TransferMetadata
-from reference_engine.prefill_scheduler import PrefillScheduler
-from reference_engine.sequence import PLACEHOLDER_INPUT_IDS, Req
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.interfaces import GenerateRequest, KVPoll, TransferMetadata
+from kvcanary.reference_engine.prefill_scheduler import PrefillScheduler
+from kvcanary.reference_engine.sequence import PLACEHOLDER_INPUT_IDS, Req
 
 CONFIG = EngineConfig.from_preset("vulnerable", context_length=1024)  # prefill limit 650
 

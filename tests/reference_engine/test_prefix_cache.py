@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_engine.invariants import InvariantViolation
-from reference_engine.prefix_cache import PrefixCache
+from kvcanary.reference_engine.invariants import InvariantViolation
+from kvcanary.reference_engine.prefix_cache import PrefixCache
 
 P = 4
 

@@ -16,8 +16,8 @@ import pytest
 from engine_canaries import Canaries
 from engine_helpers import TINY_MODEL, settle, small_config
 
-from reference_engine.engine import DisaggregatedEngine
-from reference_engine.tokenizer import Tokenizer
+from kvcanary.reference_engine.engine import DisaggregatedEngine
+from kvcanary.reference_engine.tokenizer import Tokenizer
 
 CONTEXT = 256
 

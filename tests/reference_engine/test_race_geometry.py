@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 from engine_helpers import run_limits
 
-from harness.run.phases import Workload, default_phases
-from reference_engine.config import EngineConfig
-from reference_engine.decode_scheduler import DecodeScheduler
-from reference_engine.finish import client_aborted
-from reference_engine.interfaces import GenerateRequest, KVPoll, TransferStatus
-from reference_engine.sequence import Req
-from tenants.planner import sketch_streams
-from tenants.workload import PROFILES, WorkloadProfile
+from kvcanary.harness.run.phases import Workload, default_phases
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.decode_scheduler import DecodeScheduler
+from kvcanary.reference_engine.finish import client_aborted
+from kvcanary.reference_engine.interfaces import GenerateRequest, KVPoll, TransferStatus
+from kvcanary.reference_engine.sequence import Req
+from kvcanary.tenants.planner import sketch_streams
+from kvcanary.tenants.workload import PROFILES, WorkloadProfile
 
 NUM_REQUESTS = 60
 """`kvcanary run`'s default budget."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from reference_engine.recall_schedule import MAX_RUN_ON, recall_position
+from kvcanary.reference_engine.recall_schedule import MAX_RUN_ON, recall_position
 
 
 def test_step_zero_quotes_position_zero_whatever_the_length() -> None:

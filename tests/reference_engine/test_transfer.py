@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from reference_engine.interfaces import KVPoll, PageChunk, TransferMetadata, TransferStatus
-from reference_engine.transfer import InProcessTransfer
+from kvcanary.reference_engine.interfaces import KVPoll, PageChunk, TransferMetadata, TransferStatus
+from kvcanary.reference_engine.transfer import InProcessTransfer
 
 
 class RecordingSink:

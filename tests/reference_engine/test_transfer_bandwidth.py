@@ -18,10 +18,10 @@ import pytest
 from engine_canaries import Canaries
 from engine_helpers import TINY_MODEL, settle, small_config, wait_until
 
-from harness.cli import main
-from reference_engine.config import EngineConfig
-from reference_engine.engine import DisaggregatedEngine
-from reference_engine.interfaces import (
+from kvcanary.harness.cli import main
+from kvcanary.reference_engine.config import EngineConfig
+from kvcanary.reference_engine.engine import DisaggregatedEngine
+from kvcanary.reference_engine.interfaces import (
     FinishOut,
     HeadOut,
     KVPoll,
@@ -30,8 +30,8 @@ from reference_engine.interfaces import (
     TransferMetadata,
     TransferStatus,
 )
-from reference_engine.server.tcp_transfer import TcpTransfer
-from reference_engine.transfer import InProcessTransfer, flight_time_s
+from kvcanary.reference_engine.server.tcp_transfer import TcpTransfer
+from kvcanary.reference_engine.transfer import InProcessTransfer, flight_time_s
 
 LINK_BANDWIDTH = 1_000_000.0
 """Bytes per second on the test links: 100 kB is in flight for 0.1 s, 1 kB for 1 ms."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import run_journals
 
-from reports.render import RenderResult, render_run
+from kvcanary.reports.render import RenderResult, render_run
 
 SCENARIOS: dict[str, Callable[[Path], Path]] = {
     "vulnerable": run_journals.vulnerable_run,

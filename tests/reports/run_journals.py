@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from canaries.shape import TAG, WORDS
-from canaries.span import CanarySpan
-from harness.record.events import (
+from kvcanary.canaries.shape import TAG, WORDS
+from kvcanary.canaries.span import CanarySpan
+from kvcanary.harness.record.events import (
     FindingRecorded,
     Limits,
     ObservationRecorded,
@@ -27,11 +27,11 @@ from harness.record.events import (
     RunStarted,
     TimingFitted,
 )
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.journal import JournalWriter
-from harness.record.observation import ErrorKind, Observation, Usage
-from harness.record.ttft_model import TtftModel
-from tenants.plan import Expected, Intent, RequestPlan
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.journal import JournalWriter
+from kvcanary.harness.record.observation import ErrorKind, Observation, Usage
+from kvcanary.harness.record.ttft_model import TtftModel
+from kvcanary.tenants.plan import Expected, Intent, RequestPlan
 
 LIMITS = Limits(pool_tokens=4096, context_tokens=8192, page_size=16, source="engine")
 PLANTED_FOREIGN_TEXT = "ZEBRA-QUOTIENT-77-PRIVATE-CUSTOMER-NOTE"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from run_journals import TENANTS, RunRecorder
 
-from harness.cli import main
-from harness.record.events import ObservationRecorded, PlanRecorded
-from reports.accounting import Accounting, account_lines, account_requests
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded
+from kvcanary.reports.accounting import Accounting, account_lines, account_requests
 
 
 def request(recorder: RunRecorder, tenant: str = "alice", *, answered: bool = True) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from reports.render import RenderResult
+from kvcanary.reports.render import RenderResult
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,8 @@ def test_exit_status_follows_the_verdict(
 def test_report_and_run_end_with_the_same_verdict_block(
     record: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.commands.run import print_verdict
-    from reports.render import render_run
+    from kvcanary.harness.commands.run import print_verdict
+    from kvcanary.reports.render import render_run
 
     run_dir = record("interrupted")
     assert main(["report", str(run_dir)]) == 3
@@ -82,7 +82,7 @@ def test_a_broken_output_is_reported_and_not_clean(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from reports import render
+    from kvcanary.reports import render
 
     def broken(*args: object) -> bytes:
         raise OSError("disk full")

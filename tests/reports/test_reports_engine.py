@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from reports.render import RenderResult, render_run
+from kvcanary.harness.cli import main
+from kvcanary.reports.render import RenderResult, render_run
 
 pytestmark = pytest.mark.slow
 SCHEMA = Path(__file__).with_name("junit.xsd")
@@ -21,7 +21,16 @@ SCHEMA = Path(__file__).with_name("junit.xsd")
 def engine_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch", reason="the bundled engine needs torch")
     run_dir = tmp_path_factory.mktemp("engine") / "run"
-    command = [sys.executable, "-m", "harness.cli", "run", "--requests", "16", "--seed", "3"]
+    command = [
+        sys.executable,
+        "-m",
+        "kvcanary.harness.cli",
+        "run",
+        "--requests",
+        "16",
+        "--seed",
+        "3",
+    ]
     result = subprocess.run(
         [*command, "--out", str(run_dir)], capture_output=True, text=True, timeout=240
     )

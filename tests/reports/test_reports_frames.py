@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import run_journals
 
-from harness.record.events import Event, ObservationRecorded, PlanRecorded
-from harness.record.journal import read_journal
-from reports import frames as frames_module
-from reports.frames import frames_from_events, load_frames, size_table, tenant_table
+from kvcanary.harness.record.events import Event, ObservationRecorded, PlanRecorded
+from kvcanary.harness.record.journal import read_journal
+from kvcanary.reports import frames as frames_module
+from kvcanary.reports.frames import frames_from_events, load_frames, size_table, tenant_table
 
 
 def test_requests_join_plans_with_observations(record: Callable[[str], Path]) -> None:

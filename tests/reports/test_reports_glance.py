@@ -10,10 +10,10 @@ from pathlib import Path
 
 import run_journals
 
-from harness.record.finding import Finding, FindingKind, Severity
-from reports import groups as groups_module
-from reports.render import RenderResult, render_run
-from reports.verdict_block import verdict_block
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.reports import groups as groups_module
+from kvcanary.reports.render import RenderResult, render_run
+from kvcanary.reports.verdict_block import verdict_block
 
 _NOT_RAN = ("not run", "not judged")
 
@@ -203,8 +203,8 @@ def test_the_ttft_caption_says_which_lines_are_drawn(
 
 
 def test_every_finding_kind_has_a_meaning_for_the_reports() -> None:
-    from harness.record.finding import FindingKind
-    from reports.findings import KIND_MEANINGS
+    from kvcanary.harness.record.finding import FindingKind
+    from kvcanary.reports.findings import KIND_MEANINGS
 
     assert {str(kind) for kind in FindingKind} == set(KIND_MEANINGS)
     assert all(KIND_MEANINGS.values())
@@ -232,7 +232,7 @@ def test_markdown_groups_findings_by_kind_owner_and_reader(
 def test_prompts_at_the_limit_are_reported_never_judged(
     rendered: dict[str, RenderResult],
 ) -> None:
-    from reports.markdown import render_markdown
+    from kvcanary.reports.markdown import render_markdown
 
     summary = {
         **rendered["clean"].summary,

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from test_reports_journal_scan import _assert_same, _slow
 
-from harness.record.events import ObservationRecorded, PlanRecorded
-from harness.record.journal import read_journal
-from reports import journal_lines, journal_scan
-from reports.frames import cross_counts, load_frames
+from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded
+from kvcanary.harness.record.journal import read_journal
+from kvcanary.reports import journal_lines, journal_scan
+from kvcanary.reports.frames import cross_counts, load_frames
 
 
 @pytest.mark.parametrize("chunk_bytes", [7, 64, 1 << 20])

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import run_journals
 
-from harness.record.events import ObservationRecorded, PlanRecorded
-from harness.record.journal import JournalWarning, read_journal
-from reports import journal_lines, journal_scan
-from reports.frames import RunFrames, frames_from_events, load_frames
+from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded
+from kvcanary.harness.record.journal import JournalWarning, read_journal
+from kvcanary.reports import journal_lines, journal_scan
+from kvcanary.reports.frames import RunFrames, frames_from_events, load_frames
 
 
 def _slow(run_dir: Path) -> RunFrames:
@@ -93,7 +93,7 @@ def test_the_fast_path_is_used_on_a_sound_journal(
         read.append(len(frame))
         return frame
 
-    monkeypatch.setattr("reports.frames.request_frame", counted)
+    monkeypatch.setattr("kvcanary.reports.frames.request_frame", counted)
     _assert_same(load_frames(run_dir), _slow(run_dir))
     assert read == [3_000]  # the fast path read it, and did not fall back
 
@@ -116,7 +116,7 @@ def test_a_request_planned_twice_falls_back(tmp_path: Path) -> None:
     run_dir = run_journals.clean_run(tmp_path / "clean")
     first_plan = next(e for e in read_journal(run_dir) if isinstance(e, PlanRecorded))
     with (run_dir / "journal.jsonl").open("ab") as handle:
-        from harness.record.journal import encode_event
+        from kvcanary.harness.record.journal import encode_event
 
         handle.write(encode_event(first_plan))
     with pytest.raises(journal_scan.SlowPathNeeded, match="planned twice"):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.record.finding import FindingKind
-from reports.render import RenderResult
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.reports.render import RenderResult
 
 SCHEMA = Path(__file__).with_name("junit.xsd")
 

@@ -12,14 +12,14 @@ import pytest
 import run_journals
 from run_journals import PLANTED_FOREIGN_TEXT, PLANTED_KEY_ENV, PLANTED_KEY_VALUE
 
-from canaries.errors import ConfigError
-from harness.record.finding import Finding, FindingKind, Severity
-from reports import findings as findings_module
-from reports import plots
-from reports import render as render_module
-from reports.html import highlight
-from reports.render import OUTPUT_NAMES, RenderResult, render_run
-from reports.summary import Verdict
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.reports import findings as findings_module
+from kvcanary.reports import plots
+from kvcanary.reports import render as render_module
+from kvcanary.reports.html import highlight
+from kvcanary.reports.render import OUTPUT_NAMES, RenderResult, render_run
+from kvcanary.reports.summary import Verdict
 
 
 def _outputs(result: RenderResult) -> dict[str, str]:

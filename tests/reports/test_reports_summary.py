@@ -8,9 +8,9 @@ from typing import Any
 
 from run_journals import TENANTS, RunRecorder
 
-from harness.record.finding import Finding, FindingKind, Severity
-from reports.frames import load_frames
-from reports.summary import Verdict, compute_summary, safe_settings, safe_target
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.reports.frames import load_frames
+from kvcanary.reports.summary import Verdict, compute_summary, safe_settings, safe_target
 
 
 def summarise(run_dir: Path) -> dict[str, Any]:

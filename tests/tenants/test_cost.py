@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from canaries.errors import ConfigError
-from harness.run.option_values import parse_prices
-from tenants.cost import CostBudget, PlanTotals, Prices, SpendMeter
-from tenants.plan import RequestPlan
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.option_values import parse_prices
+from kvcanary.tenants.cost import CostBudget, PlanTotals, Prices, SpendMeter
+from kvcanary.tenants.plan import RequestPlan
 
 
 def plan(num_prompt_tokens: int, max_tokens: int = 10) -> RequestPlan:

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from canaries import CanaryMinter, Owner, Tokenizer, load_tokenizer
-from canaries.errors import ConfigError
-from harness.record.events import Limits, PlanRecorded, to_record
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.planner import Planner
-from tenants.size import size
-from tenants.tenant import Tenant, default_tenants
-from tenants.workload import get_profile
+from kvcanary.canaries import CanaryMinter, Owner, Tokenizer, load_tokenizer
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import Limits, PlanRecorded, to_record
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.planner import Planner
+from kvcanary.tenants.size import size
+from kvcanary.tenants.tenant import Tenant, default_tenants
+from kvcanary.tenants.workload import get_profile
 
 LIMITS = Limits(pool_tokens=256, context_tokens=1024, page_size=16, source="flags")
 

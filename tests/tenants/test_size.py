@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from canaries.errors import ConfigError
-from harness.record.events import Limits
-from tenants.size import SizeSpec, evaluate, expected_outcome, input_limit, size
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import Limits
+from kvcanary.tenants.size import SizeSpec, evaluate, expected_outcome, input_limit, size
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 
-from canaries.errors import ConfigError
-from tenants.tenant import Tenant, default_tenants
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.tenants.tenant import Tenant, default_tenants
 
 SECRET = "sk-planted-0123456789abcdef"
 

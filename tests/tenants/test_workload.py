@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from canaries.errors import ConfigError
-from harness.record.events import Limits
-from tenants.size import size
-from tenants.workload import PROFILES, WorkloadProfile, get_profile, profile_names
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import Limits
+from kvcanary.tenants.size import size
+from kvcanary.tenants.workload import PROFILES, WorkloadProfile, get_profile, profile_names
 
 INCIDENT = Limits(pool_tokens=1024, context_tokens=8192, page_size=16, source="flags")
 SANE = Limits(pool_tokens=65536, context_tokens=8192, page_size=16, source="flags")

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from canaries import Tokenizer, load_tokenizer
+from kvcanary.canaries import Tokenizer, load_tokenizer
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from fake_cache_target import FakeCacheTarget, VirtualClock
 
-from canaries import Tokenizer, load_tokenizer
-from canaries.errors import ConfigError
-from harness.cache_probe.probe import (
+from kvcanary.canaries import Tokenizer, load_tokenizer
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.cache_probe.probe import (
     CacheProbe,
     CacheProbeResult,
     ProbeSettings,
@@ -29,7 +29,7 @@ from harness.cache_probe.probe import (
     settings_for,
     shares_credentials,
 )
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     Limits,
@@ -40,11 +40,11 @@ from harness.record.events import (
     from_record,
     to_record,
 )
-from harness.record.finding import FindingKind
-from harness.record.observation import Observation
-from harness.target.client import TargetClient
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 SETTINGS = ProbeSettings(num_trials=10, num_prompt_tokens=256, alpha=1e-3, seed=7)
 """A 224-token (14-page) shared prefix and a 32-token suffix."""

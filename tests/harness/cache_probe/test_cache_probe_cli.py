@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 pytestmark = pytest.mark.slow
 

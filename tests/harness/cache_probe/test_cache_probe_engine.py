@@ -14,19 +14,19 @@ import httpx
 import pytest
 import torch
 
-from canaries import load_tokenizer
-from harness.cache_probe.probe import (
+from kvcanary.canaries import load_tokenizer
+from kvcanary.harness.cache_probe.probe import (
     DEFAULT_NUM_TRIALS,
     CacheProbeResult,
     ProbeSettings,
     run_cache_probe,
 )
-from harness.cache_probe.stats import DEFAULT_ALPHA
-from harness.target.client import TargetClient
-from reference_engine.server.app import build_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import make_config
-from tenants.tenant import Tenant
+from kvcanary.harness.cache_probe.stats import DEFAULT_ALPHA
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.reference_engine.server.app import build_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.launch import make_config
+from kvcanary.tenants.tenant import Tenant
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from canaries.errors import ConfigError
-from harness.scenarios.repro import StepReport, judge, run_repro
-from harness.scenarios.schema import CacheProbeStep, Expectation, parse_scenario, resolve_scenario
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.scenarios.repro import StepReport, judge, run_repro
+from kvcanary.harness.scenarios.schema import (
+    CacheProbeStep,
+    Expectation,
+    parse_scenario,
+    resolve_scenario,
+)
 
 SCENARIO = """\
 name = "probe-example"

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from harness.cache_probe.stats import (
+from kvcanary.harness.cache_probe.stats import (
     ArmPair,
     ArmSample,
     assess,
@@ -20,7 +20,7 @@ from harness.cache_probe.stats import (
     reported_truth,
     trim_upper_outliers,
 )
-from harness.record.finding import FindingKind, Severity
+from kvcanary.harness.record.finding import FindingKind, Severity
 
 RNG_SEED = 20260
 

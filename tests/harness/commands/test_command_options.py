@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.scenarios import shipped_file
+from kvcanary.harness.cli import main
+from kvcanary.harness.scenarios import shipped_file
 
 
 def closed_port_url() -> str:

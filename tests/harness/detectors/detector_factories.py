@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harness.record.events import Limits
-from harness.record.observation import Observation, Usage
-from tenants.plan import RequestPlan
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.record.observation import Observation, Usage
+from kvcanary.tenants.plan import RequestPlan
 
 LIMITS = Limits(pool_tokens=2048, context_tokens=4096, page_size=16, source="flags")
 

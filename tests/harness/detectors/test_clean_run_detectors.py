@@ -6,9 +6,9 @@ import random
 
 from detector_factories import LIMITS, make_obs, make_plan
 
-from canaries import WORDS, CanaryIndex, CanaryMinter, Owner
-from harness.detectors import ContentDetector, ProtocolDetector, TimingDetector
-from harness.record.finding import Finding
+from kvcanary.canaries import WORDS, CanaryIndex, CanaryMinter, Owner
+from kvcanary.harness.detectors import ContentDetector, ProtocolDetector, TimingDetector
+from kvcanary.harness.record.finding import Finding
 
 SIZES = (64, 256, 512, 1024, 1536, 2000)
 

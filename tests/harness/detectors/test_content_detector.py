@@ -8,12 +8,12 @@ import random
 import pytest
 from detector_factories import make_obs, make_plan
 
-from canaries import CanaryIndex, CanaryMinter, Owner
-from canaries.index import SCAN_BLOCK
-from canaries.span import CanarySpan
-from harness.detectors import ContentDetector, ResponseScan
-from harness.record.finding import Finding, FindingKind, Severity
-from tenants.plan import RequestPlan
+from kvcanary.canaries import CanaryIndex, CanaryMinter, Owner
+from kvcanary.canaries.index import SCAN_BLOCK
+from kvcanary.canaries.span import CanarySpan
+from kvcanary.harness.detectors import ContentDetector, ResponseScan
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.tenants.plan import RequestPlan
 
 SECRET = "the other customer's quarterly revenue is 4.2 million"
 

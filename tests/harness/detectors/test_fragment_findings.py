@@ -6,12 +6,12 @@ from detector_factories import make_obs, make_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from canaries import TAG, CanaryIndex, CanaryMinter, Owner
-from canaries.fragments import MAX_RESPONSE_CHARS
-from harness.detectors import ContentDetector
-from harness.record.finding import Finding, FindingKind
-from harness.run.wiring import MAX_RESPONSE_BYTES
-from tenants.plan import RequestPlan
+from kvcanary.canaries import TAG, CanaryIndex, CanaryMinter, Owner
+from kvcanary.canaries.fragments import MAX_RESPONSE_CHARS
+from kvcanary.harness.detectors import ContentDetector
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.run.wiring import MAX_RESPONSE_BYTES
+from kvcanary.tenants.plan import RequestPlan
 
 SEPARATORS = [
     " ",

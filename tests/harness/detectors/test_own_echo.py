@@ -10,14 +10,22 @@ from detector_factories import make_obs, make_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from canaries import TAG, CanaryIndex, CanaryMinter, Owner, build_prompt, fold, load_tokenizer
-from canaries.prompt import BuiltPrompt
-from canaries.shape import WORD_INDEX
-from harness.detectors import ContentDetector
-from harness.detectors.own_echo import ECHO_HIDE_BOUND, OwnText
-from harness.record.events import OwnEchoRecorded, from_record, to_record
-from harness.record.finding import Finding, FindingKind
-from tenants.plan import RequestPlan
+from kvcanary.canaries import (
+    TAG,
+    CanaryIndex,
+    CanaryMinter,
+    Owner,
+    build_prompt,
+    fold,
+    load_tokenizer,
+)
+from kvcanary.canaries.prompt import BuiltPrompt
+from kvcanary.canaries.shape import WORD_INDEX
+from kvcanary.harness.detectors import ContentDetector
+from kvcanary.harness.detectors.own_echo import ECHO_HIDE_BOUND, OwnText
+from kvcanary.harness.record.events import OwnEchoRecorded, from_record, to_record
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.tenants.plan import RequestPlan
 
 FIXTURE = HealthCheck.function_scoped_fixture
 

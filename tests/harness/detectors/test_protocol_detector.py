@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from detector_factories import LIMITS, make_obs, make_plan
 
-from canaries.errors import ConfigError
-from harness.detectors import ProtocolDetector
-from harness.detectors.protocol import with_late_evidence
-from harness.record.events import Limits
-from harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.detectors import ProtocolDetector
+from kvcanary.harness.detectors.protocol import with_late_evidence
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
 
 
 def kinds(findings: list) -> list[FindingKind]:  # type: ignore[type-arg]

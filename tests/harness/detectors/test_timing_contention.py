@@ -18,7 +18,7 @@ from detector_factories import make_obs, make_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.detectors import TimingDetector, TtftModel
+from kvcanary.harness.detectors import TimingDetector, TtftModel
 
 INTERCEPT_MS = 12.0
 MS_PER_TOKEN = 0.06

@@ -7,9 +7,9 @@ import random
 import pytest
 from detector_factories import make_obs, make_plan
 
-from canaries.errors import ConfigError
-from harness.detectors import TimingDetector, TtftModel
-from harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.detectors import TimingDetector, TtftModel
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
 
 INTERCEPT_MS = 12.0
 MS_PER_TOKEN = 0.06

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
-from harness.record.ttft_model import TtftModel
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.ttft_model import TtftModel
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.plugin.checklist import CHECKS_BY_NAME
-from harness.plugin.target import WorkloadResult
-from harness.record.events import ProbeFinished
+from kvcanary.harness.plugin.checklist import CHECKS_BY_NAME
+from kvcanary.harness.plugin.target import WorkloadResult
+from kvcanary.harness.record.events import ProbeFinished
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.slow

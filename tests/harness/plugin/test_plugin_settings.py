@@ -23,8 +23,8 @@ import pytest
 # once here, so every run reuses the same modules.
 PRELOADED = [
     importlib.import_module(name)
-    for name in ("harness.plugin.suite", "harness.run.session", "reports.render",
-                 "httpcore._backends.anyio")
+    for name in ("kvcanary.harness.plugin.suite", "kvcanary.harness.run.session",
+                 "kvcanary.reports.render", "httpcore._backends.anyio")
 ]  # fmt: skip
 
 pytest_plugins = ["pytester"]
@@ -78,7 +78,7 @@ def test_help_shows_one_kvcanary_group_with_the_shared_options(pytester: pytest.
 
 
 def test_the_plugins_flags_are_the_run_commands_with_the_prefix(pytester: pytest.Pytester) -> None:
-    from harness.cli import build_parser
+    from kvcanary.harness.cli import build_parser
 
     project(pytester)
     text = run(pytester, "--help").stdout.str()
@@ -276,11 +276,13 @@ def test_a_bad_config_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
 
 def test_loading_the_plugin_imports_nothing_heavy() -> None:
     # what `pytest` pays for the plugin when no kvcanary option is used
-    heavy = ("torch", "pandas", "numpy", "httpx", "reference_engine", "harness.run.session",
-             "harness.run.runner", "harness.plugin.target", "reports")  # fmt: skip
+    heavy = ("torch", "pandas", "numpy", "httpx", "kvcanary.reference_engine",
+             "kvcanary.harness.run.session", "kvcanary.harness.run.runner",
+             "kvcanary.harness.plugin.target", "kvcanary.reports")  # fmt: skip
     code = (
-        "import sys, harness.plugin.pytest_plugin\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r} or m in {heavy!r}))"
+        "import sys, kvcanary.harness.plugin.pytest_plugin\n"
+        f"print(sorted(m for m in sys.modules\n"
+        f"             if any(m == h or m.startswith(h + '.') for h in {heavy!r})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

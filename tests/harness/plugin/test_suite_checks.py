@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from harness.detectors.timing import TimingDetector
-from harness.plugin.checklist import CHECKS_BY_NAME
-from harness.plugin.checks import (
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.plugin.checklist import CHECKS_BY_NAME
+from kvcanary.harness.plugin.checks import (
     no_leak_after_disconnect,
     no_leak_at_or_above_limits,
     no_leak_below_limits,
@@ -28,9 +28,9 @@ from harness.plugin.checks import (
     real_prefill,
     usage_matches,
 )
-from harness.plugin.results import MAX_FINDINGS_SHOWN, describe
-from harness.plugin.target import WorkloadResult, read_result
-from harness.record.events import (
+from kvcanary.harness.plugin.results import MAX_FINDINGS_SHOWN, describe
+from kvcanary.harness.plugin.target import WorkloadResult, read_result
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     Limits,
@@ -40,12 +40,12 @@ from harness.record.events import (
     RunStarted,
     TimingFitted,
 )
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.journal import JournalWriter
-from harness.record.observation import ErrorKind, Observation, Usage
-from harness.target.audit import audit_facts
-from harness.target.server_info import EngineFacts, Role, SideFacts
-from tenants.plan import Expected, Intent, RequestPlan
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.journal import JournalWriter
+from kvcanary.harness.record.observation import ErrorKind, Observation, Usage
+from kvcanary.harness.target.audit import audit_facts
+from kvcanary.harness.target.server_info import EngineFacts, Role, SideFacts
+from kvcanary.tenants.plan import Expected, Intent, RequestPlan
 
 POOL, CONTEXT = 2656, 4096
 ROLES: tuple[Role, ...] = ("prefill", "decode")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from canaries.errors import ConfigError
-from canaries.span import CanarySpan
-from harness.record.events import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.span import CanarySpan
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     Limits,
@@ -24,10 +24,15 @@ from harness.record.events import (
     RunFinished,
     RunStarted,
 )
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.journal import JournalWarning, JournalWriter, journal_segments, read_journal
-from harness.record.observation import Observation, Usage
-from tenants.plan import RequestPlan
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.journal import (
+    JournalWarning,
+    JournalWriter,
+    journal_segments,
+    read_journal,
+)
+from kvcanary.harness.record.observation import Observation, Usage
+from kvcanary.tenants.plan import RequestPlan
 
 
 def plan(i: int = 1) -> RequestPlan:

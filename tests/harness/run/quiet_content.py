@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from canaries import Hit
-from harness.record.finding import Finding
-from harness.record.observation import Observation
-from tenants.plan import RequestPlan
+from kvcanary.canaries import Hit
+from kvcanary.harness.record.finding import Finding
+from kvcanary.harness.record.observation import Observation
+from kvcanary.tenants.plan import RequestPlan
 
 
 class QuietScan:

@@ -36,8 +36,8 @@ from fake_openai import (
 )
 from misbehaving_server import serve
 
-from canaries.shape import CANARY_PATTERN
-from harness.cli import main
+from kvcanary.canaries.shape import CANARY_PATTERN
+from kvcanary.harness.cli import main
 
 LEAKS = {"cross_tenant_canary", "cross_request_canary"}
 

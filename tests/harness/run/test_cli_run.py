@@ -42,9 +42,9 @@ from fake_openai import (
 )
 from misbehaving_server import serve
 
-from harness.cli import main
-from harness.run.phases import default_phases
-from harness.run.session import SOAK_CYCLE_S
+from kvcanary.harness.cli import main
+from kvcanary.harness.run.phases import default_phases
+from kvcanary.harness.run.session import SOAK_CYCLE_S
 
 __all__ = ["CONTEXT", "ENCODING", "LIMIT_FLAGS", "POOL", "Receive", "Scope", "Send"]
 
@@ -270,7 +270,7 @@ def test_a_target_failing_every_request_ends_inconclusive(
 
 def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", *argv],
+        [sys.executable, "-m", "kvcanary", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -544,7 +544,7 @@ def test_a_target_that_dies_mid_run_is_reported_and_inconclusive(
 def test_a_full_disk_mid_journal_stops_the_run_with_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.record.journal import JournalWriter
+    from kvcanary.harness.record.journal import JournalWriter
 
     real_write = JournalWriter.write
     num_writes = 0

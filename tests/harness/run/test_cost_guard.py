@@ -14,12 +14,12 @@ from misbehaving_server import serve
 from test_cli_run import CONTEXT, LIMIT_FLAGS, POOL, fake_target, of_type, records
 from test_runner import FakeSender, make_runner
 
-from harness.cli import main
-from harness.record.events import Event, Limits, PlanRecorded
-from harness.run.cost_guard import plan_totals
-from harness.run.runner import Budget, default_phases
-from tenants.cost import CostBudget, SpendMeter
-from tenants.workload import get_profile
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.events import Event, Limits, PlanRecorded
+from kvcanary.harness.run.cost_guard import plan_totals
+from kvcanary.harness.run.runner import Budget, default_phases
+from kvcanary.tenants.cost import CostBudget, SpendMeter
+from kvcanary.tenants.workload import get_profile
 
 
 def counting(app: Any) -> tuple[Any, list[str]]:

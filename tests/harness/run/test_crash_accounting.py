@@ -27,8 +27,8 @@ from test_cli_run import (
     records,
 )
 
-from harness.cli import main
-from reports.accounting import account_requests
+from kvcanary.harness.cli import main
+from kvcanary.reports.accounting import account_requests
 
 CONCURRENCY = 4
 

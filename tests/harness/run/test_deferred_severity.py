@@ -16,15 +16,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from quiet_content import QuietContent
 
-from harness.detectors.protocol import ProtocolDetector
-from harness.detectors.timing import TimingDetector
-from harness.record.events import Event, FindingRecorded, Limits, RunFinished
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.observation import Observation, Usage
-from harness.run.arrivals import ClosedLoop
-from harness.run.runner import Budget, Detectors, Phase, Runner, Workload
-from tenants.plan import Intent, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.events import Event, FindingRecorded, Limits, RunFinished
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.observation import Observation, Usage
+from kvcanary.harness.run.arrivals import ClosedLoop
+from kvcanary.harness.run.runner import Budget, Detectors, Phase, Runner, Workload
+from kvcanary.tenants.plan import Intent, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 LIMITS = Limits(pool_tokens=1000, context_tokens=2000, page_size=16, source="flags")
 TENANTS = {t.name: t for t in (Tenant("tenant-0"), Tenant("tenant-1"))}

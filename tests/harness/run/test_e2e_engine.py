@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def _run_against(engine_url: str, out: Path, *args: str) -> int:
 
 
 def test_the_hardened_engine_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     with running_engine("hardened", context_length=SMALL_CONTEXT) as engine:
         status = _run_against(engine.base_url, tmp_path, "--requests", "120", "--concurrency", "2")
@@ -91,7 +91,7 @@ def test_the_hardened_engine_is_clean(tmp_path: Path, capsys: pytest.CaptureFixt
     ],
 )
 def test_each_fix_switch_alone(tmp_path: Path, fix: str, leaks: bool) -> None:
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     with running_engine("vulnerable", fixes=(fix,), context_length=SMALL_CONTEXT) as engine:
         status = _run_against(engine.base_url, tmp_path, "--requests", "30")
@@ -104,7 +104,7 @@ def test_each_fix_switch_alone(tmp_path: Path, fix: str, leaks: bool) -> None:
 
 def test_chat_prompts_are_counted_with_the_template(tmp_path: Path) -> None:
     """The chat template's size is measured first, so usage matches the plans exactly."""
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     with running_engine("hardened", context_length=SMALL_CONTEXT) as engine:
         status = _run_against(engine.base_url, tmp_path, "--api", "chat", "--requests", "24")

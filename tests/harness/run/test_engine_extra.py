@@ -31,7 +31,7 @@ class Hide(importlib.abc.MetaPathFinder):
 sys.meta_path[:] = [
     Hide() if f is importlib.machinery.PathFinder else f for f in sys.meta_path
 ]
-from harness.cli import main
+from kvcanary.harness.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from misbehaving_server import serve
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -166,7 +166,7 @@ def _reset_peak() -> None:
 
 def _drive() -> None:
     """Read one JSON argv per line on stdin; run it; answer one JSON line on the real stdout."""
-    from harness.cli import main
+    from kvcanary.harness.cli import main
 
     answers = os.fdopen(os.dup(1), "w")
     for line in sys.stdin:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from canaries.errors import RunIncomplete
-from harness.run import wiring
-from harness.run.interrupts import sigterm_as_interrupt
-from harness.run.progress import ProgressDisplay
+from kvcanary.canaries.errors import RunIncomplete
+from kvcanary.harness.run import wiring
+from kvcanary.harness.run.interrupts import sigterm_as_interrupt
+from kvcanary.harness.run.progress import ProgressDisplay
 
 
 class _Target:
@@ -100,7 +100,9 @@ class _ExtensionInitModule(types.ModuleType):
 def test_a_signal_inside_an_extension_init_is_an_incomplete_run(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "reports.render", _ExtensionInitModule("reports.render"))
+    monkeypatch.setitem(
+        sys.modules, "kvcanary.reports.render", _ExtensionInitModule("kvcanary.reports.render")
+    )
     display = ProgressDisplay(num_requests=1, file=io.StringIO(), live=False)
     with pytest.raises(RunIncomplete, match="kvcanary report"):
         wiring.render(tmp_path, keep_raw_evidence=False, display=display)
@@ -113,7 +115,7 @@ def test_an_import_error_without_a_signal_is_not_hidden(
         def __getattr__(self, name: str) -> object:
             raise ImportError("a broken install")
 
-    monkeypatch.setitem(sys.modules, "reports.render", Broken("reports.render"))
+    monkeypatch.setitem(sys.modules, "kvcanary.reports.render", Broken("kvcanary.reports.render"))
     display = ProgressDisplay(num_requests=1, file=io.StringIO(), live=False)
     with pytest.raises(ImportError, match="a broken install"):
         wiring.render(tmp_path, keep_raw_evidence=False, display=display)

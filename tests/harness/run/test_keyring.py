@@ -27,10 +27,10 @@ from fake_openai import (
 from misbehaving_server import serve
 from test_cli_run import fake_target, of_type, records
 
-from canaries import CanaryMinter
-from canaries.errors import ConfigError
-from harness.cli import main
-from harness.run.keyring import EarlierRuns, KeyEntry, Keyring
+from kvcanary.canaries import CanaryMinter
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.cli import main
+from kvcanary.harness.run.keyring import EarlierRuns, KeyEntry, Keyring
 
 KEY = bytes(range(32))
 

@@ -25,18 +25,18 @@ from misbehaving_server import serve
 from prometheus_client.parser import text_string_to_metric_families
 from test_cli_run import LIMIT_FLAGS, Receive, Scope, Send, _start, fake_target, of_type, records
 
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     FindingRecorded,
     ObservationRecorded,
     PlanRecorded,
     TargetServing,
     TargetUnhealthy,
 )
-from harness.record.finding import Finding, FindingKind
-from harness.record.observation import Observation
-from harness.run.metrics import RunMetrics
-from harness.run.progress import ProgressDisplay
-from tenants.plan import RequestPlan
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.run.metrics import RunMetrics
+from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.tenants.plan import RequestPlan
 
 
 def free_port() -> int:

@@ -35,9 +35,9 @@ from fake_openai import (
 from misbehaving_server import serve
 from test_cli_run import fake_target
 
-from harness.cli import main
-from harness.record.observation import Observation
-from harness.run.ray_sender import ACTOR_PREFIX, rebased
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.run.ray_sender import ACTOR_PREFIX, rebased
 
 ray = pytest.importorskip("ray", reason="--ray needs Ray (the dev extra installs it)")
 pytestmark = pytest.mark.slow
@@ -131,7 +131,7 @@ def test_a_ray_run_finds_the_bundled_engines_leak_as_one_process_does(
     stale page a
     probe reads depends on how soon it follows the last request's release (page release
     races the next allocation), so the content findings' owners may differ in detail."""
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     args = ["--seed", "5", "--requests", "24", "--concurrency", "1"]
     outs = {how: tmp_path / how for how in ("local", "ray")}

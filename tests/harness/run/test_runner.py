@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from canaries import Hit, Owner
-from canaries.span import CanarySpan
-from harness.detectors.protocol import ProtocolDetector
-from harness.detectors.timing import TimingDetector
-from harness.record.events import (
+from kvcanary.canaries import Hit, Owner
+from kvcanary.canaries.span import CanarySpan
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     Limits,
@@ -27,14 +27,14 @@ from harness.record.events import (
     PlanRecorded,
     RunFinished,
 )
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.journal import JournalWriter, read_journal
-from harness.record.observation import Observation
-from harness.run.arrivals import ClosedLoop, PoissonArrivals
-from harness.run.runner import Budget, Detectors, Phase, Runner, Workload, default_phases
-from harness.target.client import TargetClient
-from tenants.plan import Intent, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.journal import JournalWriter, read_journal
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.run.arrivals import ClosedLoop, PoissonArrivals
+from kvcanary.harness.run.runner import Budget, Detectors, Phase, Runner, Workload, default_phases
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.tenants.plan import Intent, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 LIMITS = Limits(pool_tokens=1000, context_tokens=2000, page_size=16, source="flags")
 CLOSED_LOOP = ClosedLoop(4)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from canaries.errors import ConfigError
-from harness.run.config import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_ENGINE_CONCURRENCY,
     DEFAULT_NUM_REQUESTS,
@@ -19,9 +19,9 @@ from harness.run.config import (
     resolve,
     settings,
 )
-from harness.run.option_flags import add_to_parser, given_values
-from harness.run.option_values import format_duration, parse_duration
-from harness.run.options import OPTIONS, PLUGIN_PREFIX, options_for
+from kvcanary.harness.run.option_flags import add_to_parser, given_values
+from kvcanary.harness.run.option_values import format_duration, parse_duration
+from kvcanary.harness.run.options import OPTIONS, PLUGIN_PREFIX, options_for
 
 
 @pytest.mark.parametrize(
@@ -304,7 +304,7 @@ def test_the_readme_documents_every_option_as_each_scope_spells_it() -> None:
 
 
 def test_the_profile_help_names_every_profile() -> None:
-    from tenants.workload import profile_names
+    from kvcanary.tenants.workload import profile_names
 
     help_text = next(o.help for o in OPTIONS if o.name == "profile")
     for name in profile_names():

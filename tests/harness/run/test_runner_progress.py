@@ -5,17 +5,17 @@ from __future__ import annotations
 import dataclasses
 import io
 
-from harness.record.events import (
+from kvcanary.harness.record.events import (
     FindingRecorded,
     ObservationRecorded,
     PhaseStarted,
     PlanRecorded,
     RunFinished,
 )
-from harness.record.finding import Finding, FindingKind, Severity
-from harness.record.observation import Observation
-from harness.run.progress import OUTSIDE_BUDGET_PHASES, ProgressDisplay
-from tenants.plan import RequestPlan
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.run.progress import OUTSIDE_BUDGET_PHASES, ProgressDisplay
+from kvcanary.tenants.plan import RequestPlan
 
 
 def _plan(i: int) -> RequestPlan:
@@ -99,7 +99,7 @@ def test_live_display_starts_and_stops_cleanly() -> None:
 
 
 def test_cache_probe_requests_are_counted_apart_from_the_workload_budget() -> None:
-    from harness.cache_probe.design import PHASE
+    from kvcanary.harness.cache_probe.design import PHASE
 
     out = io.StringIO()
     with ProgressDisplay(num_requests=4, file=out, live=False, interval_s=3600) as display:

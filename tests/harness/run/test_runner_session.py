@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from canaries import RemoteTokenizer
-from canaries.errors import ConfigError, RunIncomplete
-from harness.record.events import Event, RunFinished
-from harness.run.config import resolve
-from harness.run.out_dir import default_out_dir, prepare_run_dir
-from harness.run.runner import Budget
-from harness.target.tokenizer import ServerTokenizer
+from kvcanary.canaries import RemoteTokenizer
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.harness.record.events import Event, RunFinished
+from kvcanary.harness.run.config import resolve
+from kvcanary.harness.run.out_dir import default_out_dir, prepare_run_dir
+from kvcanary.harness.run.runner import Budget
+from kvcanary.harness.target.tokenizer import ServerTokenizer
 
 
 def tokenize_route(request: httpx.Request) -> httpx.Response:

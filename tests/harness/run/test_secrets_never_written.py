@@ -22,7 +22,7 @@ from misbehaving_server import serve
 from recorded_targets import RecordedTarget, Seen, fixture_json, serving
 from test_cli_run import LIMIT_FLAGS, fake_target
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 KEY = "sk-Zq8xW3vKp0LmNb7TrQe5Yc"
 """Every 4-character window is mixed case and digits: no legitimate output contains one."""

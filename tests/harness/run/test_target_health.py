@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 from quiet_content import QuietContent
 
-from canaries import Owner
-from harness.detectors.protocol import ProtocolDetector
-from harness.detectors.timing import TimingDetector
-from harness.record.events import (
+from kvcanary.canaries import Owner
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.detectors.timing import TimingDetector
+from kvcanary.harness.record.events import (
     Event,
     Limits,
     ObservationRecorded,
@@ -21,12 +21,12 @@ from harness.record.events import (
     from_record,
     to_record,
 )
-from harness.record.observation import ErrorKind, Observation
-from harness.run.arrivals import ClosedLoop
-from harness.run.health import HealthTracker
-from harness.run.runner import Budget, Detectors, Phase, Runner, Workload
-from tenants.plan import Intent, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.observation import ErrorKind, Observation
+from kvcanary.harness.run.arrivals import ClosedLoop
+from kvcanary.harness.run.health import HealthTracker
+from kvcanary.harness.run.runner import Budget, Detectors, Phase, Runner, Workload
+from kvcanary.tenants.plan import Intent, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 LIMITS = Limits(pool_tokens=1000, context_tokens=2000, page_size=16, source="flags")
 TENANT = Tenant("tenant-0")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from recorded_targets import RecordedTarget, serving
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")

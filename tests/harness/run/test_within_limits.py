@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from harness.cli import main
+from kvcanary.harness.cli import main
 
 pytestmark = pytest.mark.slow
 

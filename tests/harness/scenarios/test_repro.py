@@ -17,18 +17,18 @@ from typing import Any
 import httpx
 import pytest
 
-from canaries.errors import ConfigError
-from harness.cli import main
-from harness.record.finding import FindingKind
-from harness.scenarios.repro import ReproResult, StepReport, judge, run_repro
-from harness.scenarios.schema import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.scenarios.repro import ReproResult, StepReport, judge, run_repro
+from kvcanary.harness.scenarios.schema import (
     Expectation,
     SendStep,
     WaitStep,
     parse_scenario,
     resolve_scenario,
 )
-from tenants.size import size
+from kvcanary.tenants.size import size
 
 CTI, UA, PTM = (
     FindingKind.CROSS_TENANT_CANARY,
@@ -281,7 +281,7 @@ def test_mid_transfer_abort_reproduces_from_requests_dropped_before_their_first_
 
 @pytest.fixture(scope="module")
 def vulnerable_url() -> Iterator[str]:
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     with running_engine("vulnerable", context_length=1024) as engine:
         yield engine.base_url
@@ -289,7 +289,7 @@ def vulnerable_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def hardened_url() -> Iterator[str]:
-    from reference_engine.server.launch import running_engine
+    from kvcanary.reference_engine.server.launch import running_engine
 
     with running_engine("hardened", context_length=1024) as engine:
         yield engine.base_url

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from canaries.errors import ConfigError
-from harness.cli import main
-from harness.record.finding import FindingKind
-from harness.scenarios import shipped_file, shipped_names
-from harness.scenarios.schema import (
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.scenarios import shipped_file, shipped_names
+from kvcanary.harness.scenarios.schema import (
     SendStep,
     WaitStep,
     load_scenario,

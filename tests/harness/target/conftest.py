@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.target.http_client import BACKENDS, Backend
+from kvcanary.harness.target.http_client import BACKENDS, Backend
 
 
 @pytest.fixture(params=BACKENDS)

@@ -21,10 +21,10 @@ from recorded_targets import (
     vllm_routes,
 )
 
-from harness.cli import main
-from harness.record.finding import FindingKind, Severity
-from harness.record.verdict import Verdict
-from harness.target.audit import (
+from kvcanary.harness.cli import main
+from kvcanary.harness.record.finding import FindingKind, Severity
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.harness.target.audit import (
     ProbeOutcome,
     SideVerdict,
     audit_facts,
@@ -32,7 +32,7 @@ from harness.target.audit import (
     redact_url,
     run_audit,
 )
-from harness.target.server_info import read_engine_facts
+from kvcanary.harness.target.server_info import read_engine_facts
 
 BASE = "http://target"
 
@@ -377,7 +377,7 @@ def test_cli_usage_errors_exit_2(
 def test_bundled_engine(
     capsys: pytest.CaptureFixture[str], preset: str, expected: int, probe_outcome: str
 ) -> None:
-    from reference_engine.server.launch import running_engine  # torch: only when this runs
+    from kvcanary.reference_engine.server.launch import running_engine  # torch: only when this runs
 
     with running_engine(preset, context_length=1024) as engine:
         status, out, _ = cli(capsys, "--target", engine.base_url, "--json", "--probe")

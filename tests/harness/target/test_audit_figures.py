@@ -17,8 +17,8 @@ from recorded_targets import (
     vllm_routes,
 )
 
-from harness.cli import main
-from harness.target.audit import SideVerdict, run_audit
+from kvcanary.harness.cli import main
+from kvcanary.harness.target.audit import SideVerdict, run_audit
 
 BASE = "http://target"
 CONTEXT_ONLY = {"GET /v1/models": json_reply({"data": [{"id": "m", "max_model_len": 8192}]})}

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from harness.target.bounded import (
+from kvcanary.harness.target.bounded import (
     INFLATE_STEP,
     MAX_JSON_DEPTH,
     MeteredStream,

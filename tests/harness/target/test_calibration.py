@@ -10,14 +10,14 @@ import pytest
 from recorded_targets import Handler, RecordedTarget, Reply, Seen, mock_client
 from word_tokenizer import WordTokenizer
 
-from canaries.errors import ConfigError
-from harness.detectors.protocol import ProtocolDetector
-from harness.record.events import Limits
-from harness.record.finding import FindingKind
-from harness.target.calibration import CALIBRATION_TEXT, measure_prompt_token_offset
-from harness.target.client import TargetClient
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.target.calibration import CALIBRATION_TEXT, measure_prompt_token_offset
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 BASE = "http://target"
 TENANT = Tenant(name="tenant-0")

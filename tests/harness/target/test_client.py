@@ -19,11 +19,11 @@ import handler_server
 import httpx
 import pytest
 
-from canaries.errors import ConfigError
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import BACKENDS
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import BACKENDS
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 Handler = Callable[[httpx.Request], Any]

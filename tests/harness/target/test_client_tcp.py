@@ -13,11 +13,11 @@ import handler_server
 import httpx
 import pytest
 
-from harness.record.observation import Observation
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import Backend, HttpClient
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import Backend, HttpClient
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 

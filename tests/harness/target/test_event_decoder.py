@@ -15,9 +15,9 @@ from httpx_sse import EventSource
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.target import sse_stream
-from harness.target.bounded import MAX_JSON_DEPTH, StreamViolation, loads
-from harness.target.sse_stream import EventDecoder
+from kvcanary.harness.target import sse_stream
+from kvcanary.harness.target.bounded import MAX_JSON_DEPTH, StreamViolation, loads
+from kvcanary.harness.target.sse_stream import EventDecoder
 
 LINE_ENDS = st.sampled_from(["\n", "\r\n", "\r"])
 FIELD = st.sampled_from(["data", "event", "id", "retry", "", "x"])

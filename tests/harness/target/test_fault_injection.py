@@ -25,16 +25,16 @@ import misbehaving_server
 import pytest
 from word_tokenizer import WordTokenizer
 
-from canaries.errors import ConfigError
-from harness.record.events import ObservationRecorded, from_record
-from harness.record.journal import encode_event
-from harness.record.observation import ErrorKind
-from harness.target.calibration import measure_prompt_token_offset
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import Backend
-from harness.target.server_info import read_engine_facts
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.events import ObservationRecorded, from_record
+from kvcanary.harness.record.journal import encode_event
+from kvcanary.harness.record.observation import ErrorKind
+from kvcanary.harness.target.calibration import measure_prompt_token_offset
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import Backend
+from kvcanary.harness.target.server_info import read_engine_facts
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 CAP = 1024 * 1024
 HEAP_BOUND = 48 * 1024 * 1024

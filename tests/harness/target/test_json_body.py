@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.target import json_body
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import Backend
-from harness.target.json_body import CHUNK_CHARS, JsonBody
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.target import json_body
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import Backend
+from kvcanary.harness.target.json_body import CHUNK_CHARS, JsonBody
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 
 async def pieces_of(body: JsonBody) -> list[bytes]:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from harness.record.events import ObservationRecorded, from_record, to_record
-from harness.record.observation import Observation
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import Backend
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.events import ObservationRecorded, from_record, to_record
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import Backend
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 BODY = json.dumps(

@@ -14,9 +14,9 @@ from recorded_targets import (
     vllm_routes,
 )
 
-from canaries.errors import ConfigError, RunIncomplete
-from harness.record.events import Limits
-from harness.target.limits import DEFAULT_PAGE_SIZE, discover_limits
+from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.harness.record.events import Limits
+from kvcanary.harness.target.limits import DEFAULT_PAGE_SIZE, discover_limits
 
 BASE = "http://target"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from recorded_targets import Handler, RecordedTarget, fixture_json, json_reply, mock_client
 
-from harness.target.limits import limits_from_facts
-from harness.target.server_info import EngineFacts, read_engine_facts
+from kvcanary.harness.target.limits import limits_from_facts
+from kvcanary.harness.target.server_info import EngineFacts, read_engine_facts
 
 BASE = "http://target"
 

@@ -14,11 +14,11 @@ import httpx
 import misbehaving_server as server
 import pytest
 
-from harness.record.observation import Observation
-from harness.target.client import TargetClient, make_http_client
-from harness.target.http_client import Backend
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.target.client import TargetClient, make_http_client
+from kvcanary.harness.target.http_client import Backend
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 MAX_BYTES = 1024 * 1024

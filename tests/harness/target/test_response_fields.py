@@ -15,13 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from canaries import CanaryIndex, CanaryMinter, Owner
-from harness.detectors import ContentDetector
-from harness.record.finding import Finding, FindingKind
-from harness.target.client import TargetClient
-from harness.target.sse_stream import FIELD_SEPARATOR, Transcript
-from tenants.plan import ApiStyle, RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries import CanaryIndex, CanaryMinter, Owner
+from kvcanary.harness.detectors import ContentDetector
+from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.harness.target.sse_stream import FIELD_SEPARATOR, Transcript
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 READER = Tenant(name="tenant-1")
 
@@ -253,7 +253,7 @@ def test_a_second_choice_keeps_its_structured_fields_apart() -> None:
     ],
 )
 def test_malformed_structured_fields_are_violations(delta: dict[str, Any]) -> None:
-    from harness.target.sse_stream import StreamViolation
+    from kvcanary.harness.target.sse_stream import StreamViolation
 
     with pytest.raises(StreamViolation):
         Transcript().take_event("", json.dumps(chat_delta(**delta)), 1)

@@ -20,8 +20,8 @@ from recorded_targets import (
     vllm_routes,
 )
 
-from harness.target.discovery_fetch import Fetcher
-from harness.target.server_info import (
+from kvcanary.harness.target.discovery_fetch import Fetcher
+from kvcanary.harness.target.server_info import (
     REFERENCE_ENGINE_VERSION,
     EngineFacts,
     read_deployment_facts,

@@ -16,10 +16,10 @@ import pytest
 from misbehaving_server import Receive, Scope, Send
 from test_fault_injection import HEAP_BOUND, HeapPeak
 
-from canaries.errors import ConfigError
-from harness.target.client import make_http_client
-from harness.target.tokenizer import remote_tokenizer
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.target.client import make_http_client
+from kvcanary.harness.target.tokenizer import remote_tokenizer
+from kvcanary.tenants.tenant import Tenant
 
 
 @pytest.fixture(scope="module")

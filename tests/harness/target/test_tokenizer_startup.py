@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
-from canaries.errors import ConfigError
-from harness.target.tokenizer import remote_tokenizer
-from tenants.tenant import Tenant
+from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.target.tokenizer import remote_tokenizer
+from kvcanary.tenants.tenant import Tenant
 
 
 def tenant() -> Tenant:

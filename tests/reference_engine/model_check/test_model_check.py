@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from reference_engine.model_check import runner
-from reference_engine.model_check.runner import MODEL_FIXES, Row
-from reference_engine.model_check.trail import Step, parse_steps, render
+from kvcanary.reference_engine.model_check import runner
+from kvcanary.reference_engine.model_check.runner import MODEL_FIXES, Row
+from kvcanary.reference_engine.model_check.trail import Step, parse_steps, render
 
 pytestmark = pytest.mark.skipif(
     shutil.which("spin") is None or shutil.which("gcc") is None,

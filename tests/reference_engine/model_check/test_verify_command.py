@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.scenarios.schema import parse_scenario
-from reference_engine.model_check import runner
-from reference_engine.model_check.scenario import to_scenario
+from kvcanary.harness.cli import main
+from kvcanary.harness.scenarios.schema import parse_scenario
+from kvcanary.reference_engine.model_check import runner
+from kvcanary.reference_engine.model_check.scenario import to_scenario
 
 pytestmark = pytest.mark.skipif(
     shutil.which("spin") is None or shutil.which("gcc") is None,

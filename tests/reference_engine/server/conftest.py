@@ -9,8 +9,8 @@ import httpx
 import pytest
 from server_fakes import FakeConfig, FakeDecode, FakeEngine, FakePrefill
 
-from reference_engine.server.app import build_in_process_router, build_side_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.app import build_in_process_router, build_side_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
 
 
 @asynccontextmanager

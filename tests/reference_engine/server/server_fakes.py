@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from reference_engine.interfaces import FinishOut, GenerateRequest, TokenOut
-from reference_engine.server.errors import error_body
-from reference_engine.tokenizer import load_tokenizer
+from kvcanary.reference_engine.interfaces import FinishOut, GenerateRequest, TokenOut
+from kvcanary.reference_engine.server.errors import error_body
+from kvcanary.reference_engine.tokenizer import load_tokenizer
 
 
 @dataclass(frozen=True, slots=True)

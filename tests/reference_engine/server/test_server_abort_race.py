@@ -26,12 +26,12 @@ import httpx
 import pytest
 from engine_helpers import TINY_MODEL, canaries_of, laced_prompt, readme_matrix_cell, run_limits
 
-from canaries import BuiltPrompt, CanaryMinter
-from reference_engine.decode import HEAD_AFTER_COMMIT
-from reference_engine.server.app import build_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import make_config
-from tenants.workload import PROFILES
+from kvcanary.canaries import BuiltPrompt, CanaryMinter
+from kvcanary.reference_engine.decode import HEAD_AFTER_COMMIT
+from kvcanary.reference_engine.server.app import build_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.launch import make_config
+from kvcanary.tenants.workload import PROFILES
 
 MINTER = CanaryMinter(b"kvcanary-abort-race-tests-key-00")
 PAGE_BYTES = 2 * 2 * 16 * 1 * 32 * 4

@@ -263,8 +263,8 @@ async def test_health(fake_engine: FakeEngine) -> None:
 async def test_side_refuses_a_request_without_a_bootstrap_room() -> None:
     from server_fakes import FakeConfig, FakeDecode
 
-    from reference_engine.server.app import build_side_app
-    from reference_engine.server.asgi_transport import StreamingASGITransport
+    from kvcanary.reference_engine.server.app import build_side_app
+    from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
 
     app = build_side_app(FakeDecode(FakeConfig()), "decode", FakeConfig())
     async with httpx.AsyncClient(transport=StreamingASGITransport(app), base_url="http://d") as c:

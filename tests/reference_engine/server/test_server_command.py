@@ -9,8 +9,8 @@ import sys
 import httpx
 import pytest
 
-from harness.cli import build_parser, main
-from reference_engine.config import FIXES, PRESETS
+from kvcanary.harness.cli import build_parser, main
+from kvcanary.reference_engine.config import FIXES, PRESETS
 
 
 def test_help_explains_every_preset_and_fix(capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,7 +60,7 @@ def test_the_command_module_imports_no_server_or_torch() -> None:
 @pytest.mark.parametrize("processes", [False, True], ids=["one-process", "processes"])
 def test_serve_prints_its_url_answers_and_exits_0_on_ctrl_c(processes: bool) -> None:
     command = [
-        sys.executable, "-m", "harness.cli", "serve", "--port", "0", "--context-length", "256",
+        sys.executable, "-m", "kvcanary", "serve", "--port", "0", "--context-length", "256",
     ]  # fmt: skip
     if processes:
         command.append("--processes")
@@ -103,8 +103,8 @@ def test_a_bad_copy_noise_or_dtype_is_a_one_line_error(
 
 
 def test_copy_noise_and_dtype_reach_the_engine_config() -> None:
-    from reference_engine.server.command import _overrides
-    from reference_engine.server.launch import make_config
+    from kvcanary.reference_engine.server.command import _overrides
+    from kvcanary.reference_engine.server.launch import make_config
 
     args = build_parser().parse_args(["serve", "--copy-noise", "0.05", "--dtype", "bfloat16"])
     config = make_config(args.preset, args.fix, **_overrides(args))

@@ -22,10 +22,17 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from canaries import BuiltPrompt, CanaryIndex, CanaryMinter, Owner, build_prompt, load_tokenizer
-from reference_engine.server.app import build_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import (
+from kvcanary.canaries import (
+    BuiltPrompt,
+    CanaryIndex,
+    CanaryMinter,
+    Owner,
+    build_prompt,
+    load_tokenizer,
+)
+from kvcanary.reference_engine.server.app import build_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.launch import (
     EngineHandle,
     make_config,
     running_engine,
@@ -316,7 +323,7 @@ async def test_running_engine_async_serves_and_drains() -> None:
 
 _ORPHANING_PARENT = """
 import sys
-from reference_engine.server.launch import running_engine
+from kvcanary.reference_engine.server.launch import running_engine
 with running_engine("vulnerable", processes=True, context_length=256) as handle:
     print(" ".join(handle.urls.values()), flush=True)
     sys.stdin.read()

@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from reference_engine.decode import DecodeServer
-from reference_engine.engine import build_decode, build_prefill
-from reference_engine.prefill import PrefillServer
-from reference_engine.server.app import build_in_process_router, build_side_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import make_config
-from reference_engine.transfer import InProcessTransfer
+from kvcanary.reference_engine.decode import DecodeServer
+from kvcanary.reference_engine.engine import build_decode, build_prefill
+from kvcanary.reference_engine.prefill import PrefillServer
+from kvcanary.reference_engine.server.app import build_in_process_router, build_side_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.launch import make_config
+from kvcanary.reference_engine.transfer import InProcessTransfer
 
 DEADLINE_S = 60.0
 BODY = {"prompt": "The quick brown fox jumps over the lazy dog " * 20, "max_tokens": 64}
@@ -78,7 +78,7 @@ async def test_a_crashed_decode_loop_answers_503_and_fails_requests_with_500(
             return await real_step()
 
         e.decode.step = step_that_dies_once_a_request_runs  # type: ignore[method-assign]
-        with caplog.at_level(logging.ERROR, logger="reference_engine.side_base"):
+        with caplog.at_level(logging.ERROR, logger="kvcanary.reference_engine.side_base"):
             async with asyncio.timeout(DEADLINE_S):
                 in_flight = await e.client.post("/v1/completions", json=BODY)
         assert in_flight.status_code == 500
@@ -122,7 +122,7 @@ async def test_lost_pages_stop_the_side_with_a_clear_log_line(
     async with engine() as e:
         ok = await e.client.post("/v1/completions", json=BODY)
         assert ok.status_code == 200
-        with caplog.at_level(logging.ERROR, logger="reference_engine.side_base"):
+        with caplog.at_level(logging.ERROR, logger="kvcanary.reference_engine.side_base"):
             e.decode.allocator.allocate(2, "a-request-that-finished-long-ago")  # a leak
             e.decode.wake()  # the loop goes idle again and checks its pages
             side = await poll_status(e.sides["decode"], "/health", 503)

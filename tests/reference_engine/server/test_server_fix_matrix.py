@@ -21,10 +21,10 @@ import httpx
 import pytest
 from engine_helpers import canaries_of, laced_prompt, readme_matrix_cell
 
-from canaries import BuiltPrompt, CanaryMinter
-from reference_engine.server.app import build_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import make_config
+from kvcanary.canaries import BuiltPrompt, CanaryMinter
+from kvcanary.reference_engine.server.app import build_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.launch import make_config
 
 MINTER = CanaryMinter(b"kvcanary-fix-matrix-tests-key-00")
 CONTEXT = 1024

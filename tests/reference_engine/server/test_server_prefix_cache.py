@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from canaries import CanaryMinter, build_prompt, load_tokenizer
-from reference_engine.server.app import build_app
-from reference_engine.server.asgi_transport import StreamingASGITransport
-from reference_engine.server.launch import make_config
+from kvcanary.canaries import CanaryMinter, build_prompt, load_tokenizer
+from kvcanary.reference_engine.server.app import build_app
+from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
+from kvcanary.reference_engine.server.launch import make_config
 
 MINTER = CanaryMinter(b"kvcanary-prefix-cache-tests-key-0")
 PREFIX_TOKENS = 192  # 12 pages of 16

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import pytest
 
-from harness.cli import main
-from reference_engine.server.launch import EngineHandle, running_engine
+from kvcanary.harness.cli import main
+from kvcanary.reference_engine.server.launch import EngineHandle, running_engine
 
 pytestmark = pytest.mark.slow
 

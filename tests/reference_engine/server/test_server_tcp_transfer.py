@@ -9,22 +9,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference_engine.interfaces import (
+from kvcanary.reference_engine.interfaces import (
     KVPoll,
     PageChunk,
     TransferBackend,
     TransferMetadata,
     TransferStatus,
 )
-from reference_engine.server.tcp_frames import (
+from kvcanary.reference_engine.server.tcp_frames import (
     Frame,
     decode_bootstrap,
     decode_status,
     encode_bootstrap,
     encode_status,
 )
-from reference_engine.server.tcp_transfer import TcpTransfer
-from reference_engine.transfer import InProcessTransfer
+from kvcanary.reference_engine.server.tcp_transfer import TcpTransfer
+from kvcanary.reference_engine.transfer import InProcessTransfer
 
 PAGE_BYTES = 8
 

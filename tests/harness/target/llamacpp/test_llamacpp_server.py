@@ -11,15 +11,15 @@ import httpx
 import pytest
 from llamacpp_support import N_CTX_PER_SLOT, LlamaServer
 
-from canaries import RemoteTokenizer, load_tokenizer
-from harness.cli import main
-from harness.detectors.protocol import ProtocolDetector
-from harness.target.calibration import measure_prompt_token_offset
-from harness.target.client import TargetClient
-from harness.target.limits import discover_limits
-from harness.target.tokenizer import remote_tokenizer
-from tenants.plan import RequestPlan
-from tenants.tenant import Tenant
+from kvcanary.canaries import RemoteTokenizer, load_tokenizer
+from kvcanary.harness.cli import main
+from kvcanary.harness.detectors.protocol import ProtocolDetector
+from kvcanary.harness.target.calibration import measure_prompt_token_offset
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.harness.target.limits import discover_limits
+from kvcanary.harness.target.tokenizer import remote_tokenizer
+from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.tenant import Tenant
 
 TENANT = Tenant(name="tenant-0")
 TEXTS = (

@@ -9,18 +9,18 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from canaries import Tokenizer
-from harness.cache_probe.probe import (
+from kvcanary.canaries import Tokenizer
+from kvcanary.harness.cache_probe.probe import (
     CacheProbe,
     CacheProbeResult,
     ProbeSettings,
     design_trials,
     probe_tenants,
 )
-from harness.record.events import Event
-from harness.run.progress import ProgressDisplay
-from harness.target.client import TargetClient
-from tenants.tenant import Tenant
+from kvcanary.harness.record.events import Event
+from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.target.client import TargetClient
+from kvcanary.tenants.tenant import Tenant
 
 
 async def run_probe_phase(

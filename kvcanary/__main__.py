@@ -1,0 +1,5 @@
+"""`python -m kvcanary`: the same as the `kvcanary` console script."""
+
+from kvcanary.harness.cli import main
+
+raise SystemExit(main())
