@@ -252,9 +252,10 @@ def bench_scan() -> list[str]:
     return lines
 
 
-def bench_echo(repeat: int) -> list[str]:
-    """A response that quotes a whole laced prompt: every canary in it is a hit (its owner's
-    own canaries, each already decoded once, as after the first echo of a request)."""
+def laced_echo() -> tuple[str, CanaryIndex, int]:
+    """A response that quotes a whole laced 1M-token prompt, the index with the prompt's
+    canaries live (each already decoded once, as after the first echo of a request) and
+    the number of hits in it (every canary: its owner's own)."""
     minter = CanaryMinter.from_seed(2, "bench")
     laced = build_prompt(
         load_tokenizer("cl100k_base"), minter, tenant=1, request=0, num_tokens=NUM_TOKENS
@@ -263,10 +264,16 @@ def bench_echo(repeat: int) -> list[str]:
     index.add_many((span.text, Owner("t", "echo")) for span in laced.canaries)
     num_hits = len(index.scan(laced.text))
     assert num_hits == len(laced.canaries)
+    return laced.text, index, num_hits
+
+
+def bench_echo(repeat: int) -> list[str]:
+    """A response that quotes a whole laced prompt: every canary in it is a hit."""
+    text, index, num_hits = laced_echo()
 
     def echo(reference: bool = False, exact_only: bool = False) -> int:
         scanner = index.scanner(reference=reference, exact_only=exact_only)
-        return len(scanner.feed(laced.text) + scanner.finish())
+        return len(scanner.feed(text) + scanner.finish())
 
     def python_steps() -> int:
         core, scanner_fast.CORE = scanner_fast.CORE, None
@@ -289,7 +296,7 @@ def bench_echo(repeat: int) -> list[str]:
         {"": python_steps}, max(3, repeat // 3)
     )[""]
     times["reference path (before), all layers"] = interleaved({"": lambda: echo(True)}, 2)[""]
-    mb = len(laced.text) / 1e6
+    mb = len(text) / 1e6
     lines = [
         f"Echo of a laced 1M-token prompt: {num_hits:,} hits in {mb:.1f} MB; {repeat} "
         f"interleaved rounds of the first two (then {max(3, repeat // 3)} of the Python "

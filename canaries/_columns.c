@@ -10,17 +10,16 @@
  *   table cut into rows, as canaries.mint.CanaryMinter.spell spells canaries. Non-ASCII
  *   bytes: ValueError; a digit outside the table's rows: IndexError.
  * - from_columns(type, fields, *columns) -> tuple: for each row i, an instance of type
- *   with field fields[f] = columns[f][i], made as canaries.span.spans_from_columns makes
- *   it (allocated, then each slot stored; no __init__). type must be a plain class whose
- *   fields are slots; every column a list or tuple as long as the first. An instance all
- *   of whose values are str, int or None is left untracked by the cyclic collector, as
- *   CPython untracks a tuple of atoms: it cannot be part of a reference cycle.
+ *   with field fields[f] = columns[f][i], made as canaries.records.records_from_columns
+ *   makes it (object.__new__, then each slot's own __set__: see _records.h). The fields
+ *   must be slots; every column a list or tuple as long as the first.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <structmember.h>
+
+#include "_records.h"
 
 static int
 check_ascii(const unsigned char *data, Py_ssize_t size, const char *name)
@@ -98,62 +97,31 @@ done:
     return result;
 }
 
-#define MAX_FIELDS 16
-
-static int
-is_atom(PyObject *value)
-{
-    return value == Py_None || PyUnicode_CheckExact(value) || PyLong_CheckExact(value);
-}
-
 static PyObject *
 from_columns(PyObject *module, PyObject *args)
 {
     Py_ssize_t num_args = PyTuple_GET_SIZE(args);
-    if (num_args < 2) {
-        PyErr_SetString(PyExc_TypeError, "from_columns(type, fields, *columns)");
-        return NULL;
-    }
-    PyObject *type_obj = PyTuple_GET_ITEM(args, 0), *fields = PyTuple_GET_ITEM(args, 1);
-    if (!PyType_Check(type_obj) || !PyTuple_Check(fields)) {
+    if (num_args < 2 || !PyTuple_Check(PyTuple_GET_ITEM(args, 1))) {
         PyErr_SetString(PyExc_TypeError, "from_columns(type, fields: tuple, *columns)");
         return NULL;
     }
-    PyTypeObject *type = (PyTypeObject *)type_obj;
+    PyObject *fields = PyTuple_GET_ITEM(args, 1);
     Py_ssize_t num_fields = PyTuple_GET_SIZE(fields);
-    if (num_fields < 1 || num_fields > MAX_FIELDS || num_args - 2 != num_fields) {
-        PyErr_Format(PyExc_ValueError, "1 to %d fields, one column each", MAX_FIELDS);
+    if (num_args - 2 != num_fields) {
+        PyErr_SetString(PyExc_ValueError, "one column for each field");
         return NULL;
     }
-    if (type->tp_itemsize != 0 || type->tp_alloc == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s is not a plain slotted class", type->tp_name);
+    RecordMaker maker;
+    if (record_maker_init(&maker, PyTuple_GET_ITEM(args, 0), PySequence_Fast_ITEMS(fields),
+                          num_fields) < 0)
         return NULL;
-    }
-    Py_ssize_t offsets[MAX_FIELDS];
-    PyObject **columns[MAX_FIELDS];
+    PyObject **columns[RECORD_MAX_FIELDS];
     Py_ssize_t count = 0;
     for (Py_ssize_t f = 0; f < num_fields; f++) {
-        PyObject *name = PyTuple_GET_ITEM(fields, f);
-        PyObject *descr = PyUnicode_Check(name) ? PyObject_GetAttr(type_obj, name) : NULL;
-        if (descr == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "field names must be strs");
-            return NULL;
-        }
-        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (ok)
-            offsets[f] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%U is not a slot", type->tp_name, name);
-            return NULL;
-        }
-    }
-    for (Py_ssize_t f = 0; f < num_fields; f++) { /* after every lookup: no code runs now */
         PyObject *column = PyTuple_GET_ITEM(args, 2 + f);
         if (!PyList_Check(column) && !PyTuple_Check(column)) {
             PyErr_SetString(PyExc_TypeError, "every column must be a list or a tuple");
+            record_maker_clear(&maker);
             return NULL;
         }
         Py_ssize_t size = PySequence_Fast_GET_SIZE(column);
@@ -161,41 +129,29 @@ from_columns(PyObject *module, PyObject *args)
             count = size;
         else if (size != count) {
             PyErr_SetString(PyExc_ValueError, "columns of different lengths");
+            record_maker_clear(&maker);
             return NULL;
         }
         columns[f] = PySequence_Fast_ITEMS(column);
     }
-    /* The collector is paused from here on: no collection, so no finalizer or other
-     * Python code runs below and the columns cannot change under the loop. */
+    /* From here no Python code runs (slots only, and the collector paused: no
+     * finalizer), so the columns' item arrays stay as they are; the pause also spares
+     * this burst of new objects the collections it would trigger. */
     int was_enabled = PyGC_Disable();
     PyObject *result = PyTuple_New(count);
-    if (result == NULL) {
-        if (was_enabled)
-            PyGC_Enable();
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = type->tp_alloc(type, 0);
-        if (item == NULL) {
-            if (was_enabled)
-                PyGC_Enable();
-            Py_DECREF(result); /* unfilled items are NULL: tupledealloc skips them */
-            return NULL;
-        }
-        int atoms = 1;
-        for (Py_ssize_t f = 0; f < num_fields; f++) {
-            PyObject *value = columns[f][i];
-            atoms &= is_atom(value);
-            PyObject **slot = (PyObject **)((char *)item + offsets[f]);
-            Py_INCREF(value);
-            Py_XSETREF(*slot, value);
-        }
-        if (atoms && PyObject_IS_GC(item) && PyObject_GC_IsTracked(item))
-            PyObject_GC_UnTrack(item);
-        PyTuple_SET_ITEM(result, i, item);
+    for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+        PyObject *values[RECORD_MAX_FIELDS];
+        for (Py_ssize_t f = 0; f < num_fields; f++)
+            values[f] = columns[f][i];
+        PyObject *item = record_make(&maker, values);
+        if (item == NULL)
+            Py_CLEAR(result); /* unfilled items are NULL: tupledealloc skips them */
+        else
+            PyTuple_SET_ITEM(result, i, item);
     }
     if (was_enabled)
         PyGC_Enable();
+    record_maker_clear(&maker);
     return result;
 }
 

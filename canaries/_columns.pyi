@@ -9,5 +9,5 @@ def spell(digits: Any, table: bytes, row: int, prefix: bytes, /) -> list[str]:
 def from_columns(
     type: type[_T], fields: tuple[str, ...], /, *columns: list[Any] | tuple[Any, ...]
 ) -> tuple[_T, ...]:
-    """type instances with fields[f] = columns[f][i], made slot by slot (see
-    canaries/_columns.c)."""
+    """type instances with fields[f] = columns[f][i]: object.__new__, then each slot's own
+    __set__ (see canaries/_records.h); canaries.records.records_from_columns calls it."""

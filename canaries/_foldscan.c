@@ -28,7 +28,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
-#include <structmember.h>
+
+#include "_records.h"
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -309,8 +310,7 @@ find_needle(PyObject *text, PyObject *needle, Py_ssize_t from)
  * - hits: hit_type(c, base + p, base + p + length, "exact", c, origin, owner) for each
  *   exact canary in resolved ending in (after, until], absolute (c the resolved entry's
  *   own text: the hits share it), made as canaries.hit.hits_from_columns makes them
- *   (allocated, then each slot stored; no __init__) and left untracked by the cyclic
- *   collector (below). hit_type's __slots__ must be exactly the seven fields.
+ *   (object.__new__, then each slot's own __set__: see _records.h).
  * - missing: the texts of the exact canaries live but not in resolved, in order: no hit
  *   is made for them; the caller decodes them, records them in resolved and scans again.
  * - kept: when windows is given (packed positions, in order), a list of the windows
@@ -319,60 +319,31 @@ find_needle(PyObject *text, PyObject *needle, Py_ssize_t from)
  *
  * One dict lookup per exact canary, no list of intermediate columns: the echo of a
  * 1M-token prompt holds ~10^5 of them. */
-static const char *hit_fields[] = {"text", "start", "end", "layer", "canary", "origin", "owner"};
 #define NUM_FIELDS 7
-static PyObject *exact_layer; /* "exact", interned */
-
-static int
-slot_offsets(PyTypeObject *type, Py_ssize_t offsets[NUM_FIELDS])
-{
-    for (int f = 0; f < NUM_FIELDS; f++) {
-        PyObject *descr = PyObject_GetAttrString((PyObject *)type, hit_fields[f]);
-        if (descr == NULL)
-            return -1;
-        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (ok)
-            offsets[f] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, hit_fields[f]);
-            return -1;
-        }
-    }
-    if (type->tp_basicsize < (Py_ssize_t)sizeof(PyObject) || type->tp_itemsize != 0 ||
-        !PyType_IS_GC(type)) {
-        PyErr_Format(PyExc_TypeError, "%s is not a plain slotted class", type->tp_name);
-        return -1;
-    }
-    return 0;
-}
+static const char *hit_fields[NUM_FIELDS] = {"text",   "start",  "end",  "layer",
+                                             "canary", "origin", "owner"};
+static PyObject *hit_field_names[NUM_FIELDS]; /* interned, at module init */
+static PyObject *exact_layer;                 /* "exact", interned */
 
 /* A hit of entry = (text, owner, origin) at [start, end), appended to hits. */
 static int
-append_hit(PyObject *hits, PyTypeObject *type, const Py_ssize_t offsets[NUM_FIELDS],
-           PyObject *entry, Py_ssize_t start, Py_ssize_t end)
+append_hit(PyObject *hits, const RecordMaker *maker, PyObject *entry, Py_ssize_t start,
+           Py_ssize_t end)
 {
     PyObject *canary = PyTuple_GET_ITEM(entry, 0);
-    PyObject *values[NUM_FIELDS] = {
-        canary, PyLong_FromSsize_t(start), PyLong_FromSsize_t(end), exact_layer, canary,
-        PyTuple_GET_ITEM(entry, 2), PyTuple_GET_ITEM(entry, 1),
-    };
-    /* Untracked, as CPython untracks a tuple of atoms: a hit is new (nothing refers to it
-     * but the list) and frozen, so it can join a reference cycle only if its owner or
-     * origin is mutated to refer back to it. 10^5 hits then cost the collector nothing.
-     * PyObject_GC_New allocates it so: no zeroing, never tracked. */
-    PyObject *hit = values[1] && values[2] ? (PyObject *)PyObject_GC_New(PyObject, type) : NULL;
-    if (hit == NULL) {
-        Py_XDECREF(values[1]);
-        Py_XDECREF(values[2]);
+    PyObject *first = PyLong_FromSsize_t(start), *last = PyLong_FromSsize_t(end);
+    PyObject *hit = NULL;
+    if (first != NULL && last != NULL) {
+        PyObject *values[NUM_FIELDS] = {
+            canary, first, last, exact_layer, canary, PyTuple_GET_ITEM(entry, 2),
+            PyTuple_GET_ITEM(entry, 1),
+        };
+        hit = record_make(maker, values);
+    }
+    Py_XDECREF(first);
+    Py_XDECREF(last);
+    if (hit == NULL)
         return -1;
-    }
-    for (int f = 0; f < NUM_FIELDS; f++) {
-        if (f != 1 && f != 2)
-            Py_INCREF(values[f]);
-        *(PyObject **)((char *)hit + offsets[f]) = values[f];
-    }
     int failed = PyList_Append(hits, hit);
     Py_DECREF(hit);
     return failed;
@@ -399,30 +370,26 @@ windows_outside(const Py_ssize_t *begins, Py_ssize_t num_windows, const Py_ssize
     return kept;
 }
 
-/* Fills *probe with text[p:p + length] where that text is all ASCII: 1 if so, 0 if not,
- * -1 on error. The probe is the key each candidate is looked up with, one str reused from
- * candidate to candidate (an echo holds ~10^5 of them: a new str each, made and freed, costs
- * more than the lookup). It is refilled only while nothing else holds it (a dict lookup
- * keeps no reference; else a fresh one is made), and its cached hash is reset. */
+/* The key a candidate is looked up with: *probe = text[p:p + length], a new str, where that
+ * text is all ASCII (no canary is anything else): 1 if so, 0 if not (*probe NULL), -1 on
+ * error. The caller releases it. */
 static int
-fill_probe(PyObject *text, Py_ssize_t p, Py_ssize_t length, PyObject **probe)
+new_probe(PyObject *text, Py_ssize_t p, Py_ssize_t length, PyObject **probe)
 {
-    if (*probe == NULL || Py_REFCNT(*probe) != 1) {
-        Py_XDECREF(*probe);
-        if ((*probe = PyUnicode_New(length, 127)) == NULL)
-            return -1;
-    }
-    Py_UCS1 *out = PyUnicode_1BYTE_DATA(*probe);
     int kind = PyUnicode_KIND(text);
     const void *data = PyUnicode_DATA(text);
     Py_UCS4 seen = 0;
-    for (Py_ssize_t i = 0; i < length; i++) {
-        Py_UCS4 code = PyUnicode_READ(kind, data, p + i);
-        seen |= code;
-        out[i] = (Py_UCS1)code;
-    }
-    ((PyASCIIObject *)*probe)->hash = -1;
-    return seen < 0x80;
+    for (Py_ssize_t i = 0; i < length; i++)
+        seen |= PyUnicode_READ(kind, data, p + i);
+    *probe = NULL;
+    if (seen >= 0x80)
+        return 0;
+    if ((*probe = PyUnicode_New(length, 127)) == NULL)
+        return -1;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(*probe);
+    for (Py_ssize_t i = 0; i < length; i++)
+        out[i] = (Py_UCS1)PyUnicode_READ(kind, data, p + i);
+    return 1;
 }
 
 /* The positions packed in bytes (or none, for None). */
@@ -467,8 +434,8 @@ exact_scan(PyObject *module, PyObject *args)
     Py_ssize_t num_tags = 0, num_windows = 0;
     if (unpack(tags, &tag_at, &num_tags) < 0 || unpack(windows, &window_at, &num_windows) < 0)
         return NULL;
-    Py_ssize_t offsets[NUM_FIELDS];
-    if (slot_offsets(type, offsets) < 0)
+    RecordMaker maker;
+    if (record_maker_init(&maker, (PyObject *)type, hit_field_names, NUM_FIELDS) < 0)
         return NULL;
     PyObject *hits = PyList_New(0), *missing = PyList_New(0), *seeds = PyList_New(0);
     PyObject *kept = NULL;
@@ -500,7 +467,7 @@ exact_scan(PyObject *module, PyObject *args)
         int exact = 0;
         if (p > 0 && end < size && is_separator_at(text, lowered, p - 1) &&
             is_separator_at(text, lowered, end)) {
-            int ascii = fill_probe(text, p, length, &probe);
+            int ascii = new_probe(text, p, length, &probe);
             if (ascii < 0)
                 goto error;
             PyObject *entry = NULL;
@@ -514,18 +481,16 @@ exact_scan(PyObject *module, PyObject *args)
                     failed = 1;
                 }
                 else if (after < base + end && base + end <= until)
-                    failed = append_hit(hits, type, offsets, entry, base + p, base + end) < 0;
+                    failed = append_hit(hits, &maker, entry, base + p, base + end) < 0;
             }
             else if (ascii && !failed) {
                 PyObject *owner = PyDict_GetItemWithError(live, probe); /* borrowed */
                 failed = owner == NULL && PyErr_Occurred();
                 exact = owner != NULL;
-                if (exact) {
-                    PyObject *canary = PyUnicode_Substring(text, p, end);
-                    failed = canary == NULL || PyList_Append(missing, canary) < 0;
-                    Py_XDECREF(canary);
-                }
+                if (exact)
+                    failed = PyList_Append(missing, probe) < 0;
             }
+            Py_CLEAR(probe);
             if (failed)
                 goto error;
         }
@@ -548,12 +513,13 @@ exact_scan(PyObject *module, PyObject *args)
                                      width)) == NULL)
         goto error;
     PyMem_Free(starts.data);
-    Py_XDECREF(probe);
+    record_maker_clear(&maker);
     return Py_BuildValue("(NNNN)", hits, missing, seeds, kept);
 error:
     if (was_enabled)
         PyGC_Enable();
     PyMem_Free(starts.data);
+    record_maker_clear(&maker);
     Py_XDECREF(probe);
     Py_XDECREF(hits);
     Py_XDECREF(missing);
@@ -592,5 +558,8 @@ PyInit__foldscan(void)
     exact_layer = PyUnicode_InternFromString("exact");
     if (exact_layer == NULL)
         return NULL;
+    for (int f = 0; f < NUM_FIELDS; f++)
+        if ((hit_field_names[f] = PyUnicode_InternFromString(hit_fields[f])) == NULL)
+            return NULL;
     return PyModule_Create(&module_def);
 }

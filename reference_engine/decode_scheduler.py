@@ -23,31 +23,25 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from kvcanary.reference_engine import finish
-from kvcanary.reference_engine.allocator import PageAllocator
 from kvcanary.reference_engine.config import EngineConfig
 from kvcanary.reference_engine.finish import FinishAbort
 from kvcanary.reference_engine.interfaces import KVPoll
 from kvcanary.reference_engine.invariants import InvariantViolation
-from kvcanary.reference_engine.limits import SideLimits
 from kvcanary.reference_engine.page_tags import PageTags
 from kvcanary.reference_engine.sequence import Req
+from kvcanary.reference_engine.side_base import SchedulerBase
 
 Checksum = Callable[[Sequence[int]], int]
 
 
-class DecodeScheduler:
+class DecodeScheduler(SchedulerBase):
     def __init__(
         self,
         config: EngineConfig,
         zero_pages: Callable[[Sequence[int]], None] | None = None,
     ) -> None:
-        self.config = config
-        self.page_size = config.page_size
-        self.limits = SideLimits.of(config, config.decode_pool_tokens)
-        num_pages = config.decode_pool_tokens // config.page_size + 1
-        self.allocator = PageAllocator(num_pages, config.free_order)
-        self.tags = PageTags(num_pages)
-        self._zero_pages = zero_pages if config.has("zero_on_free") else None
+        super().__init__(config, config.decode_pool_tokens, zero_pages)
+        self.tags = PageTags(self.num_pages)
         self.prealloc_queue: deque[Req] = deque()
         self.transfer_queue: dict[str, Req] = {}
         self.running: list[Req] = []
@@ -56,12 +50,8 @@ class DecodeScheduler:
     # ---- intake and preallocation ---------------------------------------------------------
 
     def add(self, req: Req) -> None:
-        rejection = self.limits.validate_input_length(req.num_prompt_tokens)
-        if rejection is not None:
-            if self.config.has("admission_retire"):
-                req.finish_abort(rejection)
-                return
-            req.set_finish_with_abort(rejection)
+        if not self._admit_input_length(req):
+            return
         # deviation: SGLang checks the input alone and retracts under pressure; counting the
         # new tokens too means an admitted request always fits (no retraction needed)
         over = self.limits.check_capacity(req.rid, req.num_prompt_tokens + req.max_new_tokens)
@@ -201,9 +191,7 @@ class DecodeScheduler:
     def release(self, req: Req) -> None:
         """Return the request's pages and unused reservation to the pool."""
         if req.page_ids:
-            if self._zero_pages is not None:
-                self._zero_pages(req.page_ids)
-            self.allocator.free(req.page_ids, req.rid)
+            self._free(req.page_ids, req.rid)
             req.page_ids = []
         self.num_reserved_pages -= req.num_reserved_pages
         req.num_reserved_pages = 0

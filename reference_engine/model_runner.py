@@ -4,8 +4,10 @@ What it knows: the pool tensors, per layer K and V of shape
 (num_pages, page_size, num_kv_heads, head_dim) on the configured device (`device.py`: a CUDA
 device this torch cannot use is a one-line ConfigError) in the configured dtype (float32,
 bfloat16 or float16; the model computes in float32 and reads K/V up from the pool's type),
-with page 0 the reserved padding page; how to turn requests (block tables, positions) into
-a ForwardBatch and a PagedView; how pages leave and enter the pool as bytes (through `kv_codec`).
+with page 0 the reserved padding page; which paged attention it runs, the Triton kernel or the
+torch path (`model/attention_path.py` decides, `attention_path.line` says); how to turn
+requests (block tables, positions) into a ForwardBatch and a PagedView; how pages leave and
+enter the pool as bytes (through `kv_codec`).
 
 What it deliberately does not know: queues, admission, transfer or fixes. It runs exactly the
 chunk or batch it is given, over exactly the pages the request's block table names.
@@ -20,6 +22,7 @@ import torch
 from kvcanary.reference_engine import kv_codec
 from kvcanary.reference_engine.config import EngineConfig
 from kvcanary.reference_engine.device import kv_dtype, resolve_device
+from kvcanary.reference_engine.model.attention_path import choose_attention
 from kvcanary.reference_engine.model.cache import PagedView
 from kvcanary.reference_engine.model.transformer import ForwardBatch, RecallTransformer
 from kvcanary.reference_engine.recall_schedule import recall_position, schedule_salt
@@ -33,6 +36,8 @@ class ModelRunner:
         self.page_size = config.page_size
         self.device = resolve_device(config.device)
         self.dtype = kv_dtype(config.dtype)
+        self.attention_path = choose_attention(config)
+        self._paged_attention = self.attention_path.function()
         self.num_pages = pool_tokens // config.page_size + 1  # + the reserved page 0
         self.model = RecallTransformer(config, vocab_size, self.device).eval()
         shape = (self.num_pages, config.page_size, config.num_kv_heads, config.head_dim)
@@ -65,6 +70,7 @@ class ModelRunner:
             block_tables=self._tensor(req.page_ids[:num_pages])[None],  # (1, pages)
             slot_mapping=self._slots(req.page_ids, positions)[None],  # (1, T)
             kv_lens=self._tensor([end]),
+            attention=self._paged_attention,
         )
         logits = self.model(batch, view)
         return None if logits is None else int(logits.argmax(-1)[0])
@@ -93,6 +99,7 @@ class ModelRunner:
             block_tables=self._tensor(tables),  # (B, max_pages)
             slot_mapping=slots[:, None],  # (B, 1)
             kv_lens=positions + 1,
+            attention=self._paged_attention,
         )
         logits = self.model(batch, view)
         assert logits is not None

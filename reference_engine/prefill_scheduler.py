@@ -36,13 +36,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from kvcanary.reference_engine import finish
-from kvcanary.reference_engine.allocator import PageAllocator
 from kvcanary.reference_engine.config import EngineConfig
 from kvcanary.reference_engine.finish import FinishAbort
 from kvcanary.reference_engine.interfaces import KVPoll, TransferMetadata
-from kvcanary.reference_engine.limits import SideLimits
 from kvcanary.reference_engine.prefix_cache import CacheNode, PrefixCache
 from kvcanary.reference_engine.sequence import Req
+from kvcanary.reference_engine.side_base import SchedulerBase
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +49,13 @@ CACHE_OWNER = "prefix-cache"
 """The allocator owner of every page the prefix cache holds."""
 
 
-class PrefillScheduler:
+class PrefillScheduler(SchedulerBase):
     def __init__(
         self,
         config: EngineConfig,
         zero_pages: Callable[[Sequence[int]], None] | None = None,
     ) -> None:
-        self.config = config
-        self.page_size = config.page_size
-        self.limits = SideLimits.of(config, config.prefill_pool_tokens)
-        self.allocator = PageAllocator(
-            config.prefill_pool_tokens // config.page_size + 1, config.free_order
-        )
-        self._zero_pages = zero_pages if config.has("zero_on_free") else None
+        super().__init__(config, config.prefill_pool_tokens, zero_pages)
         self.bootstrap_queue: dict[str, Req] = {}
         self.waiting_queue: deque[Req] = deque()
         self.inflight_queue: dict[str, Req] = {}
@@ -74,12 +67,8 @@ class PrefillScheduler:
 
     def add(self, req: Req) -> None:
         """Admit `req` to the bootstrap queue, or finish it with its rejection."""
-        rejection = self.limits.validate_input_length(req.num_prompt_tokens)
-        if rejection is not None:
-            if self.config.has("admission_retire"):
-                req.finish_abort(rejection)
-                return
-            req.set_finish_with_abort(rejection)
+        if not self._admit_input_length(req):
+            return
         over_capacity = self.limits.check_capacity(req.rid, req.num_prompt_tokens)
         if over_capacity is not None:
             req.finish_abort(over_capacity)
@@ -208,11 +197,6 @@ class PrefillScheduler:
         if own:
             self._free(own, req.rid)
         req.page_ids = []
-
-    def _free(self, page_ids: Sequence[int], owner: str) -> None:
-        if page_ids and self._zero_pages is not None:
-            self._zero_pages(page_ids)
-        self.allocator.free(page_ids, owner)
 
     @property
     def num_cached_pages(self) -> int:

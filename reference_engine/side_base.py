@@ -1,4 +1,5 @@
-"""What the prefill and decode servers share: the scheduler loop, intake layer 1, introspection.
+"""What the prefill and decode sides share: the servers' scheduler loop, intake layer 1 and
+introspection (`SideBase`), and their schedulers' pool bookkeeping (`SchedulerBase`).
 
 The loop runs `step()` (a bounded amount of torch work, done inline), yields to the event loop
 after every step, and sleeps on a wake event when there is nothing to do. Every
@@ -19,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Container, Iterable
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from typing import Any
 
 from kvcanary.reference_engine import finish
@@ -42,6 +43,45 @@ _COUNTERS = (
     "num_bootstrap_failed_reqs_total",
     "num_transfer_failed_reqs_total",
 )
+
+
+class SchedulerBase:
+    """A side's pool as its scheduler sees it: limits, the page allocator, zero_on_free.
+
+    Torch-free, like the schedulers built on it; `zero_pages` is the model runner's, called
+    before freed pages go back to the pool when the `zero_on_free` fix is on."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        pool_tokens: int,
+        zero_pages: Callable[[Sequence[int]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.page_size = config.page_size
+        self.limits = SideLimits.of(config, pool_tokens)
+        self.num_pages = pool_tokens // config.page_size + 1  # + the reserved page 0
+        self.allocator = PageAllocator(self.num_pages, config.free_order)
+        self._zero_pages = zero_pages if config.has("zero_on_free") else None
+
+    def _admit_input_length(self, req: Req) -> bool:
+        """This side's own input limit (SGLang's `validate_input_length`). Over it, the request
+        is retired at once under `admission_retire` (False), or, in the vulnerable engine, its
+        prompt swapped for the one-token placeholder and its 400 deferred (True: it goes on)."""
+        rejection = self.limits.validate_input_length(req.num_prompt_tokens)
+        if rejection is None:
+            return True
+        if self.config.has("admission_retire"):
+            req.finish_abort(rejection)
+            return False
+        req.set_finish_with_abort(rejection)
+        return True
+
+    def _free(self, page_ids: Sequence[int], owner: str) -> None:
+        """Return `owner`'s pages to the pool (zeroed first under zero_on_free)."""
+        if page_ids and self._zero_pages is not None:
+            self._zero_pages(page_ids)
+        self.allocator.free(page_ids, owner)
 
 
 class SideBase(abc.ABC):

@@ -36,18 +36,35 @@ from kvcanary.reference_engine.interfaces import (
 
 
 @dataclass(slots=True, eq=False)
-class _Room:
+class SenderRoom:
+    """What prefill waits on for one room, in every backend: decode's metadata or its cancel."""
+
     meta: TransferMetadata | None = None
-    sink: PageSink | None = None
-    status: TransferStatus | None = None
     cancelled: bool = False
-    decode_done: bool = False
-    num_in_flight: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self) -> None:
+        """Wake everything waiting on this room (each waiter then waits on a fresh event)."""
         self.changed.set()
         self.changed = asyncio.Event()
+
+    async def wait_for_metadata(self, timeout_s: float) -> TransferMetadata | None:
+        """Decode's metadata; None if the room was cancelled or nothing came in time."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self.meta is None and not self.cancelled:
+                    await self.changed.wait()
+        except TimeoutError:
+            return None
+        return None if self.cancelled else self.meta
+
+
+@dataclass(slots=True, eq=False)
+class _Room(SenderRoom):
+    sink: PageSink | None = None
+    status: TransferStatus | None = None
+    decode_done: bool = False
+    num_in_flight: int = 0
 
 
 def flight_time_s(
@@ -118,14 +135,7 @@ class InProcessTransfer(TransferBackend):
     # prefill side
 
     async def wait_for_metadata(self, room: int, timeout_s: float) -> TransferMetadata | None:
-        record = self._room(room)
-        try:
-            async with asyncio.timeout(timeout_s):
-                while record.meta is None and not record.cancelled:
-                    await record.changed.wait()
-        except TimeoutError:
-            return None
-        return None if record.cancelled else record.meta
+        return await self._room(room).wait_for_metadata(timeout_s)
 
     async def send_pages(self, chunk: PageChunk) -> None:
         record = self._rooms[chunk.room]

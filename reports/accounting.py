@@ -12,12 +12,14 @@ request cancelled by Ctrl-C or SIGTERM is observed as `cancelled`). So, per sess
 - a line that is not a whole record is a *torn line* (a kill mid-write), counted.
 
 A violation is a defect of kvcanary itself, and the report says which ids. The scan reads
-only each line's head (`{"type":"plan","request_id":...`, as `harness.record.events` writes
-it), so it costs far less than the report itself; a line written differently is parsed whole.
+only each line's head (`{"type":"plan","request_id":...`, as `harness.record.journal`
+declares it writes it), so it costs far less than the report itself; a line written
+differently is parsed whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
@@ -25,9 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvcanary.harness.record.journal import journal_segments
+from kvcanary.harness.record.journal import RECORD_START, closed_segments, journal_segments
+from kvcanary.harness.record.segments import open_segment
 
-_HEAD = re.compile(rb'\{"type":"(\w+)"(?:,"request_id":"((?:[^"\\]|\\.)*)")?')
+_HEAD = re.compile(re.escape(RECORD_START) + rb'(\w+)"(?:,"request_id":"((?:[^"\\]|\\.)*)")?')
+"""A line's head as `encode_event` declares it writes (`RECORD_START`, the type, and for a
+request record its id: `REQUEST_LINE_PREFIXES`)."""
 _ACCOUNTED = (b"plan", b"observation")
 MAX_IDS_SHOWN = 5
 
@@ -95,8 +100,14 @@ class Accounting:
 
 
 def account_requests(run_dir: Path | str) -> Accounting:
-    """Pair the plans and observations of the journal in `run_dir` (all its segments)."""
-    return account_lines(_lines(journal_segments(run_dir)))
+    """Pair the plans and observations of the journal in `run_dir` (all its segments). Where
+    a soak's retention deleted segments (`--keep-journal`: their numbers have gaps), a plan
+    or an observation whose partner was in a deleted segment is expected, not a defect."""
+    accounting = account_lines(_lines(journal_segments(run_dir)))
+    numbers = [number for number, _ in closed_segments(run_dir)]
+    if numbers != list(range(1, len(numbers) + 1)):
+        return dataclasses.replace(accounting, unobserved=(), unplanned=())
+    return accounting
 
 
 def account_lines(lines: Iterable[bytes]) -> Accounting:
@@ -188,7 +199,7 @@ def _head(line: bytes) -> tuple[bytes, bytes | None] | None:
         return match.group(1), match.group(2)
     try:  # written in another field order (or not a record at all): read it whole
         record = json.loads(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the stack
         return None
     if not isinstance(record, dict) or not isinstance(record.get("type"), str):
         return None
@@ -199,12 +210,22 @@ def _head(line: bytes) -> tuple[bytes, bytes | None] | None:
 
 def _lines(segments: Iterable[Path]) -> Iterable[bytes]:
     for segment in segments:
-        with segment.open("rb") as f:
+        with open_segment(segment) as f:
             yield from f
 
 
 def _ids(raw: list[bytes]) -> tuple[str, ...]:
-    return tuple(json.loads(b'"' + r + b'"') for r in raw)
+    return tuple(_id(r) for r in raw)
+
+
+def _id(raw: bytes) -> str:
+    """A request id as the line wrote it (JSON-escaped), or as its bytes where a damaged line
+    wrote no valid JSON string."""
+    try:
+        decoded = json.loads(b'"' + raw + b'"')
+    except ValueError:
+        return raw.decode("utf-8", "backslashreplace")
+    return decoded if isinstance(decoded, str) else raw.decode("utf-8", "backslashreplace")
 
 
 def _some(ids: tuple[str, ...]) -> str:

@@ -18,9 +18,11 @@ shown as passed anywhere. This module reads only the summary document.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.record.outputs import Summary
+from kvcanary.harness.record.verdict import Verdict
 
 CheckStatus = Literal["found", "not run", "not judged", "unproven", "passed"]
 
@@ -40,7 +42,7 @@ class CheckState:
         return self.status not in ("not run", "not judged")
 
 
-def timing_judgement(summary: dict[str, Any]) -> tuple[bool, str]:
+def timing_judgement(summary: Summary) -> tuple[bool, str]:
     """Whether the timing detector could judge TTFTs, and why not (or how it judged).
 
     Not judged: the detector said so (`not_judged`, journaled with its final fit), there was
@@ -64,7 +66,7 @@ def timing_judgement(summary: dict[str, Any]) -> tuple[bool, str]:
     return True, note
 
 
-def check_states(summary: dict[str, Any]) -> list[CheckState]:
+def check_states(summary: Summary) -> list[CheckState]:
     """Every check of the vocabulary, in its order, with its state."""
     counts = summary["counts"]["findings"]
     not_run: dict[str, str] = summary.get("checks_not_run", {})
@@ -79,7 +81,7 @@ def check_states(summary: dict[str, Any]) -> list[CheckState]:
             states.append(CheckState(name, 0, "not run", not_run[name]))
         elif kind == FindingKind.FAST_PREFILL and not judged:
             states.append(CheckState(name, 0, "not judged", timing_note))
-        elif summary["verdict"] == "inconclusive":
+        elif summary["verdict"] == Verdict.INCONCLUSIVE:
             states.append(
                 CheckState(name, 0, "unproven", "inconclusive run: no finding here proves nothing")
             )

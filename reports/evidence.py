@@ -28,11 +28,17 @@ from typing import Any
 
 import pandas as pd
 
-from kvcanary.harness.record.events import Event, ObservationRecorded, PlanRecorded, to_record
+from kvcanary.harness.record.events import (
+    Event,
+    ObservationRecorded,
+    PlanRecorded,
+    plain,
+    to_record,
+)
+from kvcanary.harness.record.outputs import EVIDENCE_DIR
 from kvcanary.reports.findings import FindingView, iter_finding_views
 from kvcanary.reports.frames import RunFrames
 
-EVIDENCE_DIR = "evidence"
 DERIVED_COLUMNS = ("outcome", "ttft_ms", "queue_ms", "total_ms", "pool_ratio", "context_ratio")
 _EVIDENCE_FILE = re.compile(r"^\d{4,}-[a-z_]+-.*\.json$")
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -73,6 +79,8 @@ def request_records(events: Iterable[Event], request_ids: set[str]) -> dict[str,
         if isinstance(event, PlanRecorded) and event.plan.request_id in request_ids:
             record = to_record(event)
             record.pop("type")
+            record.pop("canary_spans")  # packed in the journal; listed here, for people
+            record["canaries"] = plain(event.plan.canaries)
             found.setdefault(event.plan.request_id, RequestRecords()).plan = record
         elif isinstance(event, ObservationRecorded) and event.observation.request_id in request_ids:
             observation = event.observation

@@ -19,25 +19,8 @@ from kvcanary.harness.record.finding import FindingKind, Severity
 
 MAX_LISTED_FINDINGS = 1_000
 
-KIND_MEANINGS: dict[str, str] = {
-    FindingKind.CROSS_TENANT_CANARY: "a response to one tenant contains another tenant's canary: "
-    "the leak itself",
-    FindingKind.CROSS_REQUEST_CANARY: "a response contains a canary of the same tenant's "
-    "other request",
-    FindingKind.UNKNOWN_CANARY: "a canary-shaped marker no prompt of this run explains (another "
-    "run's canary, not an echo of the request's own prompt): a leak of unknown origin",
-    FindingKind.UNSAFE_ACCEPT: "a request above the pool or context limit got a success status "
-    "instead of an error",
-    FindingKind.FAST_PREFILL: "TTFT far below what the prompt's length requires: "
-    "the prefill was skipped",
-    FindingKind.PROMPT_TOKENS_MISMATCH: "usage.prompt_tokens differs from the tokens sent",
-    FindingKind.SHARED_PREFIX_CACHE: "timing shows one tenant's prompt prefix served from "
-    "another tenant's cache",
-    FindingKind.POOL_SMALLER_THAN_CONTEXT: "an audit found a KV pool that cannot hold the "
-    "advertised context",
-    FindingKind.ERROR_IN_SUCCESS: "a success status carrying an error instead of an answer "
-    "(an error object or an SSE error event)",
-}
+KIND_MEANINGS: dict[str, str] = {str(kind): kind.meaning for kind in FindingKind}
+"""Each kind's meaning, from the verdict table (`harness.record.finding.KIND_RULES`)."""
 _SEVERITY_RANK = {str(severity): rank for rank, severity in enumerate(Severity)}
 
 

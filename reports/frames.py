@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -39,16 +38,13 @@ from kvcanary.harness.record.events import (
     TargetUnhealthy,
     TimingFitted,
 )
-from kvcanary.harness.record.journal import read_journal
+from kvcanary.harness.record.journal import read_journal, warn_journal
 from kvcanary.harness.record.observation import Observation
+from kvcanary.reports.accounting import Accounting
 from kvcanary.reports.allocator import release_free_memory, return_large_buffers
-from kvcanary.reports.journal_scan import (
-    DELIBERATE_ERRORS,
-    MAX_ERROR_CHARS,
-    SlowPathNeeded,
-    rare_events,
-    request_frame,
-)
+from kvcanary.reports.journal_lines import SlowPathNeeded
+from kvcanary.reports.journal_scan import rare_events, request_frame
+from kvcanary.reports.request_columns import DELIBERATE_ERRORS, MAX_ERROR_CHARS
 from kvcanary.tenants.plan import RequestPlan
 
 CHUNK_ROWS = 16_384
@@ -311,16 +307,23 @@ def frames_from_events(events: Iterable[Event]) -> RunFrames:
 def load_frames(run_dir: Path) -> RunFrames:
     """The tables of the run recorded in `run_dir`: through `reports.journal_scan` when it
     can read the journal exactly, else event by event (skipping damage with a warning)."""
+    return load_frames_accounted(run_dir)[0]
+
+
+def load_frames_accounted(run_dir: Path) -> tuple[RunFrames, Accounting | None]:
+    """`load_frames`, and how plans and observations paired up where the fast path's first
+    pass found it (`reports.line_accounting`; None: it takes reading the lines again)."""
     return_large_buffers()
     try:
         scan = rare_events(run_dir)
         frames = frames_from_events(scan.events)
         requests = request_frame(run_dir, scan)
     except SlowPathNeeded:
-        return frames_from_events(read_journal(run_dir))
+        return frames_from_events(read_journal(run_dir)), None
+    scan.unknown.warn(warn_journal)  # only now: the slow path, had it been needed, warns on its own
     release_free_memory()
     _add_limit_ratios(requests, frames.run)
-    return dataclasses.replace(frames, requests=requests)
+    return dataclasses.replace(frames, requests=requests), scan.accounting
 
 
 def _add_limit_ratios(requests: pd.DataFrame, run: RunStarted | None) -> None:
@@ -332,76 +335,3 @@ def _add_limit_ratios(requests: pd.DataFrame, run: RunStarted | None) -> None:
     )
     requests["pool_ratio"] = tokens / pool if pool else float("nan")
     requests["context_ratio"] = tokens / context if context else float("nan")
-
-
-def tenant_table(frames: RunFrames) -> pd.DataFrame:
-    """Per tenant: requests by outcome, TTFT, and findings as the responder and as the victim."""
-    requests = frames.requests
-    table = _outcome_counts(requests, "tenant")
-    table["ttft_ms_median"] = requests.groupby("tenant", observed=True)["ttft_ms"].median()
-    findings = frames.findings
-    table["num_findings"] = findings.groupby("tenant", observed=True).size()
-    table["num_findings_as_victim"] = findings.groupby("victim_tenant", observed=True).size()
-    return _fill_counts(table)
-
-
-def size_table(frames: RunFrames) -> pd.DataFrame:
-    """Per size label, smallest first: prompt size against the limits, outcomes, TTFT, findings."""
-    requests = frames.requests
-    grouped = requests.groupby("size_label", observed=True)
-    table = _outcome_counts(requests, "size_label")
-    table["num_prompt_tokens_min"] = grouped["num_prompt_tokens"].min()
-    table["num_prompt_tokens_max"] = grouped["num_prompt_tokens"].max()
-    table["pool_ratio_max"] = grouped["pool_ratio"].max()
-    table["context_ratio_max"] = grouped["context_ratio"].max()
-    table["expected"] = grouped["expected"].agg(_expected_label)
-    table["ttft_ms_median"] = grouped["ttft_ms"].median()
-    named = requests.loc[requests["request_id"].isin(frames.findings["request_id"].dropna())]
-    request_size = dict(zip(named["request_id"], named["size_label"], strict=True))
-    finding_size = frames.findings["request_id"].map(request_size)
-    table["num_findings"] = frames.findings.groupby(finding_size, observed=True).size()
-    table = _fill_counts(table)
-    return table.sort_values(["num_prompt_tokens_max", "num_prompt_tokens_min"], kind="stable")
-
-
-def _expected_label(values: pd.Series[Any]) -> str:
-    distinct = sorted({str(v) for v in values.dropna().unique()})
-    return "/".join(distinct) if distinct else "?"
-
-
-def cross_counts(rows: pd.Series[Any], columns: pd.Series[Any]) -> pd.DataFrame:
-    """`pandas.crosstab(rows, columns)`, counted from the category codes with one
-    `numpy.bincount` where both are categorical (crosstab's pivot through a groupby costs a
-    copy of both columns and more at a million rows): the same frame, category order, the
-    rows and columns that occur, nulls left out."""
-    if not isinstance(rows.dtype, pd.CategoricalDtype) or not isinstance(
-        columns.dtype, pd.CategoricalDtype
-    ):
-        return pd.crosstab(rows, columns)
-    row_codes = rows.cat.codes.to_numpy()
-    column_codes = columns.cat.codes.to_numpy()
-    both = (row_codes >= 0) & (column_codes >= 0)
-    num_rows, num_columns = len(rows.cat.categories), len(columns.cat.categories)
-    pairs = row_codes[both].astype(np.int64) * num_columns + column_codes[both]
-    counts = np.bincount(pairs, minlength=num_rows * num_columns).reshape(num_rows, num_columns)
-    seen_rows, seen_columns = counts.sum(axis=1) > 0, counts.sum(axis=0) > 0
-    index = pd.CategoricalIndex(rows.cat.categories[seen_rows], dtype=rows.dtype, name=rows.name)
-    header = pd.CategoricalIndex(
-        columns.cat.categories[seen_columns], dtype=columns.dtype, name=columns.name
-    )
-    return pd.DataFrame(counts[seen_rows][:, seen_columns], index=index, columns=header)
-
-
-def _outcome_counts(requests: pd.DataFrame, by: str) -> pd.DataFrame:
-    counts = cross_counts(requests[by], requests["outcome"]).reindex(columns=OUTCOMES, fill_value=0)
-    counts.columns = pd.Index([f"num_{outcome}" for outcome in OUTCOMES])
-    counts.insert(0, "num_requests", counts.sum(axis=1))
-    counts.index.name = by
-    return counts
-
-
-def _fill_counts(table: pd.DataFrame) -> pd.DataFrame:
-    for column in table.columns:
-        if column.startswith("num_") and not column.startswith("num_prompt_tokens"):
-            table[column] = table[column].fillna(0).astype("int64")
-    return table

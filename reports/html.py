@@ -22,11 +22,14 @@ import pandas as pd
 from markupsafe import Markup, escape
 
 from kvcanary.canaries.shape import CANARY_PATTERN
+from kvcanary.harness.record.outputs import Summary
 from kvcanary.reports.checks import check_states
 from kvcanary.reports.findings import MAX_LISTED_FINDINGS, FindingView
-from kvcanary.reports.frames import RunFrames, size_table, tenant_table
+from kvcanary.reports.frames import RunFrames
 from kvcanary.reports.groups import MAX_EXAMPLES_PER_GROUP, group_findings
 from kvcanary.reports.plots import Plot
+from kvcanary.reports.remedies import code_spans, remedy_list, splice_sentence
+from kvcanary.reports.tables import size_table, tenant_table
 
 
 def highlight(excerpt: str, markers: list[str | None]) -> Markup:
@@ -112,7 +115,7 @@ _SHOWN_SETTINGS = frozenset(
 )
 
 
-def run_settings(summary: dict[str, Any]) -> dict[str, Any]:
+def run_settings(summary: Summary) -> dict[str, Any]:
     """The settings the Run table lists: none shown elsewhere, none left unset."""
     shown = {
         name: value
@@ -147,7 +150,7 @@ def cell_style(count: int, top: int) -> str:
 
 def render_html(
     frames: RunFrames,
-    summary: dict[str, Any],
+    summary: Summary,
     findings: list[FindingView],
     num_not_listed: int,
     plots: dict[str, Plot | None],
@@ -156,6 +159,9 @@ def render_html(
     """The page. `plots` maps a plot name to what was drawn (None: nothing to draw)."""
     environment = _environment()
     environment.globals.update(clock=clock, cell_style=cell_style)
+    environment.globals.update(
+        code_spans=code_spans, splice_sentence=splice_sentence, remedy_list=remedy_list
+    )
     template = environment.get_template("report.html.j2")
     groups = group_findings(frames.findings, findings)
     leaks = summary["leaks"]
@@ -179,7 +185,7 @@ def render_html(
     )
 
 
-def verdict_sentence(summary: dict[str, Any]) -> str:
+def verdict_sentence(summary: Summary) -> str:
     """The verdict and its reasons, as the one sentence the page opens with."""
     reasons = "; ".join(str(reason) for reason in summary["verdict_reasons"])
     return f"{summary['verdict'].upper()}: {reasons}." if reasons else summary["verdict"].upper()

@@ -4,8 +4,8 @@ which lines are plans or observations, and 64-bit hashes of byte strings, vector
 `reports.journal_scan` reads a million-request journal through these instead of a Python
 loop over its two million lines: a chunk of `CHUNK_BYTES` is one `read`, its line ends one
 `numpy.flatnonzero`, and a line's kind a comparison of the fixed-width window at its start
-against the two request prefixes. Nothing here decodes JSON or makes a Python object per
-line.
+against the two request prefixes the journal declares (`harness.record.journal.
+REQUEST_LINE_PREFIXES`). Nothing here decodes JSON or makes a Python object per line.
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from kvcanary.harness.record.events import OBSERVATION_RECORD, PLAN_RECORD
+from kvcanary.harness.record.journal import REQUEST_LINE_PREFIXES
+from kvcanary.harness.record.segments import open_segment, segment_size
+
 CHUNK_BYTES = 8 << 20
 """Bytes read at a time; a longer line is read whole (the chunk grows to hold it)."""
-PLAN_PREFIX = b'{"type":"plan","request_id":"'
-OBSERVATION_PREFIX = b'{"type":"observation","request_id":"'
+PLAN_PREFIX = REQUEST_LINE_PREFIXES[PLAN_RECORD]
+OBSERVATION_PREFIX = REQUEST_LINE_PREFIXES[OBSERVATION_RECORD]
 REQUEST_PREFIXES = (PLAN_PREFIX, OBSERVATION_PREFIX)
 PLAN, OBSERVATION, OTHER = 1, 2, 0
 """Line kinds: a line that starts with `PLAN_PREFIX`, with `OBSERVATION_PREFIX`, or neither."""
@@ -32,6 +36,11 @@ _PREFIXES = [
 _NEWLINE, _BRACE = ord("\n"), ord("}")
 
 Int64s = npt.NDArray[np.int64]
+
+
+class SlowPathNeeded(Exception):
+    """This journal must be read event by event (`reports.journal_scan`): a corrupt or torn
+    line, a record that does not decode, a newer schema, a request id planned twice."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +90,10 @@ class Chunk:
 
 def chunks(path: Path, num_bytes: int | None = None) -> Iterator[Chunk]:
     """The first `num_bytes` of `path` (all of it when None) in chunks of whole lines."""
-    end = path.stat().st_size if num_bytes is None else num_bytes
+    end = segment_size(path) if num_bytes is None else num_bytes
     offset = 0
     buffer = bytearray(CHUNK_BYTES)
-    with path.open("rb") as handle:
+    with open_segment(path) as handle:  # compressed or not (`harness.record.segments`)
         while offset < end:
             handle.seek(offset)
             num = handle.readinto(memoryview(buffer)[: min(len(buffer), end - offset)])

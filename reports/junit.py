@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Any
 
+from kvcanary.harness.record.outputs import EVIDENCE_DIR, SUMMARY_NAME, Summary
+from kvcanary.harness.record.verdict import Verdict
 from kvcanary.reports.checks import check_states
 from kvcanary.reports.findings import KIND_MEANINGS, FindingView
 
@@ -26,9 +27,7 @@ from kvcanary.reports.findings import KIND_MEANINGS, FindingView
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-def render_junit(
-    summary: dict[str, Any], findings: list[FindingView], num_not_listed: int
-) -> bytes:
+def render_junit(summary: Summary, findings: list[FindingView], num_not_listed: int) -> bytes:
     verdict = summary["verdict"]
     suite = ET.Element("testsuite", name="kvcanary")
     if summary["times"]["started"]:
@@ -59,12 +58,12 @@ def render_junit(
         _child(
             case,
             "failure",
-            f"{num_not_listed} more finding(s); see evidence/ and summary.json",
+            f"{num_not_listed} more finding(s); see {EVIDENCE_DIR}/ and {SUMMARY_NAME}",
             "findings",
         )
     evidence = _case(suite, "kvcanary.run", "evidence")
-    if verdict == "inconclusive":
-        _child(evidence, "error", "; ".join(summary["verdict_reasons"]), "inconclusive")
+    if verdict == Verdict.INCONCLUSIVE:
+        _child(evidence, "error", "; ".join(summary["verdict_reasons"]), str(verdict))
     cases = suite.findall("testcase")
     counts = {
         "tests": len(cases),

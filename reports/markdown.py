@@ -12,9 +12,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from kvcanary.harness.record.outputs import EVIDENCE_DIR, SUMMARY_NAME, Summary
+from kvcanary.harness.record.verdict import Verdict
 from kvcanary.reports.checks import CheckStatus, check_states
 from kvcanary.reports.findings import KIND_MEANINGS, FindingView
 from kvcanary.reports.groups import FindingGroup
+from kvcanary.reports.remedies import markdown_lines
 
 MAX_EXCERPT_CHARS = 160
 _CHECK_MARKS: dict[CheckStatus, str] = {
@@ -24,7 +27,13 @@ _CHECK_MARKS: dict[CheckStatus, str] = {
     "not run": "⏭️",
     "not judged": "⏭️",
 }
-_VERDICT_BADGES = {"leak": "🔴 LEAK", "clean": "🟢 CLEAN", "inconclusive": "🟡 INCONCLUSIVE"}
+_VERDICT_MARKS: dict[Verdict, str] = {
+    Verdict.LEAK: "🔴",
+    Verdict.UNSAFE: "🟠",
+    Verdict.CLEAN: "🟢",
+    Verdict.INCONCLUSIVE: "🟡",
+}
+assert set(_VERDICT_MARKS) == set(Verdict), "every verdict has its mark"
 
 
 def cell(value: Any) -> str:
@@ -36,7 +45,7 @@ def cell(value: Any) -> str:
 
 
 def render_markdown(
-    summary: dict[str, Any],
+    summary: Summary,
     findings: list[FindingView],
     num_not_listed: int,
     groups: list[FindingGroup] | None = None,
@@ -45,9 +54,24 @@ def render_markdown(
     """The page. `groups` (`reports.groups.group_findings`) puts one row per (kind, owner
     -> reader) first, with its count, first and last time (from `start`, the run's start)
     and its first example; the full findings table then follows folded in `<details>`."""
-    counts = summary["counts"]
+    lines = _header_lines(summary)
+    lines += _leak_lines(summary.get("leaks"))
+    lines += markdown_lines(summary)  # what to do about what was found
+    if findings:
+        lines += _finding_lines(summary, findings, num_not_listed, groups, start)
+    lines += _check_lines(summary)
+    lines += _request_lines(summary)
+    return "\n".join(lines)
+
+
+def verdict_badge(verdict: str) -> str:
+    """`🔴 LEAK`: the verdict as the page's heading shows it."""
+    return f"{_VERDICT_MARKS[Verdict(verdict)]} {verdict.upper()}"
+
+
+def _header_lines(summary: Summary) -> list[str]:
     lines = [
-        f"## kvcanary: {_VERDICT_BADGES[summary['verdict']]}",
+        f"## kvcanary: {verdict_badge(summary['verdict'])}",
         "",
         "; ".join(cell(reason) for reason in summary["verdict_reasons"]),
         "",
@@ -59,32 +83,44 @@ def render_markdown(
     guarantee = summary.get("canaries", {}).get("guarantee")
     if guarantee:  # what a leaked page can be attributed by (canaries.guarantee)
         lines += [f"Canaries: {cell(guarantee)}.", ""]
-    lines += _leak_lines(summary.get("leaks"))
-    if findings:
-        lines += [f"### Findings ({counts['findings_total']})", ""]
-        if groups:
-            lines += _group_lines(groups, start)
-            lines += ["<details><summary>every listed finding</summary>", ""]
-        lines += [
-            "| # | kind | severity | who | request | summary | excerpt |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for view in findings:
-            lines.append(
-                f"| {view.number} | `{view.kind}` | {view.severity} | {cell(view.who)} "
-                f"| {_code(view.request_id)} | {cell(view.summary)} | {_excerpt(view.excerpt)} |"
-            )
-        if num_not_listed:
-            lines.append("")
-            lines.append(
-                f"{num_not_listed} more finding(s) not listed here: see `evidence/` and "
-                "`summary.json`."
-            )
+    return lines
+
+
+def _finding_lines(
+    summary: Summary,
+    findings: list[FindingView],
+    num_not_listed: int,
+    groups: list[FindingGroup] | None,
+    start: float | None,
+) -> list[str]:
+    lines = [f"### Findings ({summary['counts']['findings_total']})", ""]
+    if groups:
+        lines += _group_lines(groups, start)
+        lines += ["<details><summary>every listed finding</summary>", ""]
+    lines += [
+        "| # | kind | severity | who | request | summary | excerpt |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for view in findings:
+        lines.append(
+            f"| {view.number} | `{view.kind}` | {view.severity} | {cell(view.who)} "
+            f"| {_code(view.request_id)} | {cell(view.summary)} | {_excerpt(view.excerpt)} |"
+        )
+    if num_not_listed:
         lines.append("")
-        if groups:
-            lines += ["</details>", ""]
-    lines += ["### Checks", ""]
-    if summary["verdict"] == "inconclusive":
+        lines.append(
+            f"{num_not_listed} more finding(s) not listed here: see `{EVIDENCE_DIR}/` and "
+            f"`{SUMMARY_NAME}`."
+        )
+    lines.append("")
+    if groups:
+        lines += ["</details>", ""]
+    return lines
+
+
+def _check_lines(summary: Summary) -> list[str]:
+    lines = ["### Checks", ""]
+    if summary["verdict"] == Verdict.INCONCLUSIVE:
         lines += ["Not enough evidence: a check without findings proves nothing here (➖).", ""]
     lines += ["| check | findings | meaning |", "|---|---:|---|"]
     for check in check_states(summary):
@@ -95,8 +131,12 @@ def render_markdown(
         if check.why:
             meaning = f"{check.status}: {check.why} ({meaning})"
         lines.append(f"| {mark} `{check.kind}` | {num} | {cell(meaning)} |")
-    requests = counts["requests"]
-    lines += [
+    return lines
+
+
+def _request_lines(summary: Summary) -> list[str]:
+    requests = summary["counts"]["requests"]
+    lines = [
         "",
         "### Requests",
         "",
@@ -116,7 +156,7 @@ def render_markdown(
             "never a finding).",
             "",
         ]
-    return "\n".join(lines)
+    return lines
 
 
 def _code(value: str | None) -> str:

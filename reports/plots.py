@@ -23,7 +23,8 @@ from matplotlib.figure import Figure
 
 from kvcanary.harness.record.finding import FindingKind
 from kvcanary.harness.record.ttft_model import TtftModel
-from kvcanary.reports.frames import RunFrames, cross_counts, size_table
+from kvcanary.reports.frames import RunFrames
+from kvcanary.reports.tables import cross_counts, size_table
 
 MAX_PLOTTED_POINTS = 20_000
 
@@ -129,28 +130,8 @@ def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
             _scatter(axes, rows, s=18, alpha=0.6, color=colour, label=f"{label} ({len(rows):,})")
     flagged = has_ttft & requests["request_id"].isin(flagged_ids).to_numpy(dtype=bool)
     is_fast = requests["request_id"].isin(fast_ids).to_numpy(dtype=bool)
-    fast = requests.loc[flagged & is_fast, columns]
-    other = requests.loc[flagged & ~is_fast, columns]
-    if len(fast):
-        _scatter(
-            axes,
-            fast,
-            marker="X",
-            s=90,
-            color="#7b241c",
-            zorder=3,
-            label=f"fast_prefill finding ({len(fast):,})",
-        )
-    if len(other):
-        _scatter(
-            axes,
-            other,
-            s=70,
-            facecolors="none",
-            edgecolors="#7b241c",
-            zorder=3,
-            label=f"other finding ({len(other):,})",
-        )
+    _flagged_points(axes, requests.loc[flagged & is_fast, columns], fast=True)
+    _flagged_points(axes, requests.loc[flagged & ~is_fast, columns], fast=False)
     caption = ["Time to first token against prompt length, one point per answered request."]
     if model is None:
         caption.append("No timing model: fast prefills were not judged, so no line is drawn.")
@@ -163,6 +144,19 @@ def ttft_plot(frames: RunFrames, model: TtftModel | None) -> Plot:
     axes.set_ylim(bottom=0)
     axes.set_xlim(left=0)
     return Plot(_finish(figure, axes, title), " ".join(caption))
+
+
+def _flagged_points(axes: Axes, rows: pd.DataFrame, *, fast: bool) -> None:
+    """Requests with findings, over the scatter: a cross for fast_prefill, a ring otherwise."""
+    if not len(rows):
+        return
+    if fast:
+        style = {"marker": "X", "s": 90, "color": "#7b241c"}
+        label = f"{FindingKind.FAST_PREFILL} finding ({len(rows):,})"
+    else:
+        style = {"s": 70, "facecolors": "none", "edgecolors": "#7b241c"}
+        label = f"other finding ({len(rows):,})"
+    _scatter(axes, rows, zorder=3, label=label, **style)
 
 
 def _model_lines(axes: Axes, model: TtftModel, x_max: float) -> list[str]:

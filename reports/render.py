@@ -7,8 +7,8 @@ failing is recorded in `RenderResult.errors` and never costs the others: a plot 
 be drawn still leaves `summary.json`, `report.md`, `junit.xml`, and an HTML page that says
 which plot is missing.
 
-It knows the output file names of the run output contract (DESIGN.md); it does not know
-how runs are made.
+It knows the output file names of the run output contract (`harness.record.outputs`;
+docs/reference/outputs.md); it does not know how runs are made.
 """
 
 from __future__ import annotations
@@ -20,36 +20,27 @@ import tempfile
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.record.journal import journal_segments, read_journal
+from kvcanary.harness.record.outputs import EVIDENCE_DIR, JOURNAL_NAME, ReportFormat, Summary
 from kvcanary.harness.record.verdict import Verdict
 from kvcanary.reports import plots
-from kvcanary.reports.evidence import (
-    EVIDENCE_DIR,
-    named_request_ids,
-    request_records,
-    write_evidence,
-)
+from kvcanary.reports.accounting import Accounting
+from kvcanary.reports.evidence import named_request_ids, request_records, write_evidence
 from kvcanary.reports.findings import FindingView, listed_findings
-from kvcanary.reports.frames import RunFrames, load_frames
+from kvcanary.reports.frames import RunFrames, load_frames_accounted
 from kvcanary.reports.groups import group_findings
 from kvcanary.reports.html import render_html
-from kvcanary.reports.journal_scan import SlowPathNeeded, request_lines
+from kvcanary.reports.journal_lines import SlowPathNeeded
+from kvcanary.reports.journal_pick import request_lines
 from kvcanary.reports.junit import render_junit
 from kvcanary.reports.markdown import render_markdown
 from kvcanary.reports.summary import compute_summary
 from kvcanary.reports.ttft import journaled_ttft
 
-FORMATS = ("html", "md", "junit", "json")
-OUTPUT_NAMES = {
-    "json": "summary.json",
-    "md": "report.md",
-    "junit": "junit.xml",
-    "html": "report.html",
-}
-_RENDER_ORDER = ("json", "md", "junit", "html")
+FORMATS = tuple(str(name) for name in ReportFormat)
+_RENDER_ORDER = (ReportFormat.JSON, ReportFormat.MD, ReportFormat.JUNIT, ReportFormat.HTML)
 
 
 @dataclass(frozen=True)
@@ -57,11 +48,13 @@ class RenderResult:
     """What `render_run` wrote, the run's summary and verdict, and what failed."""
 
     verdict: Verdict
-    summary: dict[str, Any]
+    summary: Summary
     paths: dict[str, Path] = field(default_factory=dict)
     """Format (`json`, `md`, `junit`, `html`, `evidence`) -> the file or directory written."""
     errors: dict[str, str] = field(default_factory=dict)
     """Output or plot that failed -> a one-line reason."""
+    accounting: Accounting | None = None
+    """How plans and observations paired up, where the render's own pass found it."""
 
 
 def parse_formats(text: str) -> tuple[str, ...]:
@@ -94,40 +87,40 @@ def render_run(
     """
     run_dir = Path(run_dir)
     _check_formats(formats)
-    if keep_raw_evidence and "json" not in formats:
+    if keep_raw_evidence and ReportFormat.JSON not in formats:
         raise ConfigError("--keep-raw-evidence writes evidence/, which needs the json format")
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir} is not a directory (expected a kvcanary run directory)")
     if not journal_segments(run_dir):
-        raise ConfigError(f"no journal in {run_dir} (expected journal.jsonl)")
-    frames = load_frames(run_dir)
+        raise ConfigError(f"no journal in {run_dir} (expected {JOURNAL_NAME})")
+    frames, accounting = load_frames_accounted(run_dir)
     summary = compute_summary(frames)
     out = Path(out_dir) if out_dir is not None else run_dir
     out.mkdir(parents=True, exist_ok=True)
-    result = RenderResult(Verdict(summary["verdict"]), summary)
+    result = RenderResult(Verdict(summary["verdict"]), summary, accounting=accounting)
     listed, num_not_listed = listed_findings(frames.findings)
-    writers: dict[str, Callable[[], bytes]] = {
-        "json": lambda: (json.dumps(summary, indent=2) + "\n").encode(),
-        "md": lambda: render_markdown(
+    writers: dict[ReportFormat, Callable[[], bytes]] = {
+        ReportFormat.JSON: lambda: (json.dumps(summary, indent=2) + "\n").encode(),
+        ReportFormat.MD: lambda: render_markdown(
             summary,
             listed,
             num_not_listed,
             group_findings(frames.findings, listed),
             frames.run.t_wall if frames.run is not None else None,
         ).encode(),
-        "junit": lambda: render_junit(summary, listed, num_not_listed),
-        "html": lambda: _html(frames, summary, listed, num_not_listed, result.errors),
+        ReportFormat.JUNIT: lambda: render_junit(summary, listed, num_not_listed),
+        ReportFormat.HTML: lambda: _html(frames, summary, listed, num_not_listed, result.errors),
     }
     for name in _RENDER_ORDER:
         if name not in formats:
             continue
-        path = out / OUTPUT_NAMES[name]
+        path = out / name.file_name
         try:
             _write_atomic(path, writers[name]())
             result.paths[name] = path
         except Exception as exc:  # one broken output must not cost the others
             result.errors[name] = _reason(exc)
-        if name == "json":
+        if name == ReportFormat.JSON:
             _render_evidence(run_dir, out, frames, keep_raw_evidence, result)
     return result
 
@@ -145,9 +138,9 @@ def _render_evidence(
                 records = request_records(read_journal(run_dir), named)
         written = write_evidence(frames, out, records, keep_raw=keep_raw)
     except Exception as exc:
-        result.errors["evidence"] = _reason(exc)
+        result.errors[EVIDENCE_DIR] = _reason(exc)
         return
-    result.paths["evidence"] = out / EVIDENCE_DIR
+    result.paths[EVIDENCE_DIR] = out / EVIDENCE_DIR
     if written.num_raw_kept:
         print(
             f"kvcanary: warning: {written.num_raw_kept} evidence file(s) in "
@@ -165,7 +158,7 @@ def _render_evidence(
 
 def _html(
     frames: RunFrames,
-    summary: dict[str, Any],
+    summary: Summary,
     listed: list[FindingView],
     num_not_listed: int,
     errors: dict[str, str],

@@ -1,18 +1,18 @@
 """`summary.json`: the run's verdict, counts and metadata, computed from its frames.
 
-Verdict rules (the one place they live; README "Reports" repeats them):
+The verdict is the verdict table's (`harness.record.judgement.judge`) applied to the run's
+findings and to what this module finds could not be judged:
 
-- `leak`: the journal holds at least one finding of a kind other than `error_in_success`.
-- `unsafe`: the only findings are `error_in_success` (HTTP 2xx carrying an error: a protocol
-  defect, not a leak) and the evidence below would otherwise make the run clean; with too
-  little evidence the run is `inconclusive`, its reasons naming those findings.
-- `clean`: no finding, and enough evidence that the dangerous path was exercised: at least
-  one above-limit request (a plan with `expected = reject`) was answered by the target with
-  any HTTP status, at least one victim request was accepted, and the run did not end with
-  an error. A run interrupted (or killed) after that point is still clean: what it saw
-  counts.
-- `inconclusive`: everything else: the run was interrupted before the probe phase, the
-  target became unreachable, every request errored, no victim got through.
+- the target stopped serving (`target_unhealthy`);
+- the run ended with an error;
+- no above-limit request (a plan with `expected = reject`) was answered with any HTTP status
+  (a run whose probes were all planned within the limits tests leakage within the limits,
+  and says so, rather than nothing);
+- no victim request was accepted, so there was nothing to leak;
+- an opt-in probe (the cache probe) could not reach a decision.
+
+A run interrupted (or killed) after enough was judged still has a verdict: what it saw
+counts. The table's `leak` and decisive `unsafe` findings outweigh what could not be judged.
 
 Metadata is copied from the journal's run start through allow-lists (tenant names and the
 *names* of their key variables, settings whose names do not look secret, the target URL
@@ -31,81 +31,86 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kvcanary.harness.record.events import ProbeFinished, TargetServing, TargetUnhealthy
 from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.record.judgement import Judgement, judge
+from kvcanary.harness.record.outputs import SUMMARY_SCHEMA, Summary
 from kvcanary.harness.record.verdict import Verdict
 from kvcanary.reports.checks import check_states
 from kvcanary.reports.frames import OUTCOMES, RunFrames
 from kvcanary.reports.leaks import leak_matrix
+from kvcanary.reports.remedies import what_to_do
+from kvcanary.reports.spent import spent
 from kvcanary.reports.ttft import journaled_ttft
-from kvcanary.tenants.cost import PlanTotals, Prices
 
-SUMMARY_SCHEMA = 1
 _SCALARS = (bool, int, float, str, type(None))
 _SECRET_NAME = re.compile(r"key|token|secret|passw|auth|cookie|credential|header", re.IGNORECASE)
 
 
-def compute_summary(frames: RunFrames) -> dict[str, Any]:
+def compute_summary(frames: RunFrames) -> Summary:
     """The `summary.json` document for a run (JSON-ready; keys are stable)."""
-    requests, findings = frames.requests, frames.findings
     run, finished = frames.run, frames.finished
     evidence = _evidence(frames)
-    verdict, reasons = _verdict(frames, evidence)
-    by_kind = findings["kind"].value_counts()
-    outcome_counts = requests["outcome"].value_counts()
+    judgement = _judgement(frames, evidence)
     started = run.t_wall if run is not None else None
     ended = finished.t_wall if finished is not None else _last_time(frames)
-    summary = {
-        "schema": SUMMARY_SCHEMA,
-        "run_id": run.run_id if run is not None else None,
-        "verdict": str(verdict),
-        "verdict_reasons": reasons,
-        "target": safe_target(run.target) if run is not None else None,
-        "model": run.model if run is not None else None,
-        "api": run.api if run is not None else None,
-        "limits": dataclasses.asdict(run.limits) if run is not None else None,
-        "seed": run.seed if run is not None else None,
-        "canary_key_id": run.canary_key_id if run is not None else None,
-        "canaries": dict(run.canaries) if run is not None else {},
-        "tenants": safe_tenants(run.tenants) if run is not None else [],
-        "settings": safe_settings(run.settings) if run is not None else {},
-        "versions": {
-            **(run.versions if run is not None else {}),
-            "kvcanary_report": _report_version(),
-        },
-        "times": {
+    summary = Summary(
+        schema=SUMMARY_SCHEMA,
+        run_id=run.run_id if run is not None else None,
+        verdict=str(judgement.verdict),
+        verdict_reasons=list(judgement.reasons),
+        target=safe_target(run.target) if run is not None else None,
+        model=run.model if run is not None else None,
+        api=run.api if run is not None else None,
+        limits=dataclasses.asdict(run.limits) if run is not None else None,
+        seed=run.seed if run is not None else None,
+        canary_key_id=run.canary_key_id if run is not None else None,
+        canaries=dict(run.canaries) if run is not None else {},
+        tenants=safe_tenants(run.tenants) if run is not None else [],
+        settings=safe_settings(run.settings) if run is not None else {},
+        versions={**(run.versions if run is not None else {}), "kvcanary_report": _version()},
+        times={
             "started": _iso(started),
             "finished": _iso(ended),
             "duration_s": round(ended - started, 3) if started and ended else None,
         },
-        "finished": {
+        finished={
             "reason": finished.reason if finished is not None else None,
             "message": finished.message if finished is not None else None,
             "num_requests_reported": finished.num_requests if finished is not None else None,
         },
-        "phases": [phase.phase for phase in frames.phases],
-        "probes": [_probe_record(probe) for probe in frames.probes],
-        "checks_not_run": _checks_not_run(frames),
-        "timing": _timing(frames),
-        "boundary": _boundary(frames),
-        "target_unhealthy": _target_unhealthy(frames),
-        "leaks": _leaks(frames, started),
-        "counts": {
-            "requests": {
-                "total": len(requests),
-                **{outcome: int(outcome_counts.get(outcome, 0)) for outcome in OUTCOMES},
-            },
-            "requests_by_intent": _value_counts(requests["intent"]),
-            "findings": {str(kind): int(by_kind.get(str(kind), 0)) for kind in FindingKind},
-            "findings_total": len(findings),
-            "findings_by_severity": _value_counts(findings["severity"]),
-        },
-        "evidence": evidence,
-        "spent": _spent(frames),
-    }
+        phases=[phase.phase for phase in frames.phases],
+        probes=[_probe_record(probe) for probe in frames.probes],
+        checks_not_run=_checks_not_run(frames),
+        timing=_timing(frames),
+        boundary=_boundary(frames),
+        target_unhealthy=_target_unhealthy(frames),
+        leaks=_leaks(frames, started),
+        counts=_counts(frames),
+        evidence=evidence,
+        spent=spent(frames),
+        checks={},
+        what_to_do=what_to_do(frames.findings),
+    )
     summary["checks"] = {
         check.kind: {"status": check.status, "num_findings": check.num_findings, "why": check.why}
         for check in check_states(summary)
     }
     return summary
+
+
+def _counts(frames: RunFrames) -> dict[str, Any]:
+    requests, findings = frames.requests, frames.findings
+    by_kind = findings["kind"].value_counts()
+    outcome_counts = requests["outcome"].value_counts()
+    return {
+        "requests": {
+            "total": len(requests),
+            **{outcome: int(outcome_counts.get(outcome, 0)) for outcome in OUTCOMES},
+        },
+        "requests_by_intent": _value_counts(requests["intent"]),
+        "findings": {str(kind): int(by_kind.get(str(kind), 0)) for kind in FindingKind},
+        "findings_total": len(findings),
+        "findings_by_severity": _value_counts(findings["severity"]),
+    }
 
 
 def _evidence(frames: RunFrames) -> dict[str, Any]:
@@ -123,58 +128,60 @@ def _evidence(frames: RunFrames) -> dict[str, Any]:
     }
 
 
-def _verdict(frames: RunFrames, evidence: dict[str, Any]) -> tuple[Verdict, list[str]]:
-    """The verdict and, for a person, why."""
-    in_success = frames.findings["kind"].astype(str) == str(FindingKind.ERROR_IN_SUCCESS)
-    num_findings = int((~in_success).sum())
-    if num_findings:
-        by_kind = frames.findings["kind"].astype(str).value_counts()
-        kinds = ", ".join(
-            _kind_count(str(kind), int(num))
-            for kind, num in sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0]))
-        )
-        leak = [f"{num_findings} finding(s): {kinds}"]
-        return Verdict.LEAK, [*leak, *_unhealthy_reason(frames)]
-    finished = frames.finished
-    reasons = _unhealthy_reason(frames)
-    num_in_success = int(in_success.sum())
-    in_success_reason = (
-        f"{num_in_success} error_in_success finding(s): HTTP 2xx carrying an error instead of "
-        "an answer (a protocol defect, not a leak)"
+def _judgement(frames: RunFrames, evidence: dict[str, Any]) -> Judgement:
+    """The verdict table applied to the run's findings and what it could not judge."""
+    findings = frames.findings
+    facts = zip(
+        findings["kind"].astype(str),
+        findings["request_id"].astype(object).where(findings["request_id"].notna(), None),
+        strict=True,
     )
+    unhealthy = _unhealthy_reason(frames)
+    return judge(
+        facts,
+        [*unhealthy, *_not_judged(frames, evidence)],
+        remarks=unhealthy,
+        clean_reason=_clean_reason(frames, evidence),
+    )
+
+
+def _within_limits_only(evidence: dict[str, Any]) -> bool:
+    """Probes were sent and none was sized above a limit: the profile plans none (`below`)."""
+    return bool(evidence["num_probes_sent"] > 0 and evidence["num_above_limit_sent"] == 0)
+
+
+def _not_judged(frames: RunFrames, evidence: dict[str, Any]) -> list[str]:
+    """Why parts of what the run planned could not be judged (beside the target's health)."""
+    reasons = []
+    finished = frames.finished
     if finished is not None and finished.reason == "error":
         reasons.append(f"the run ended with an error: {finished.message or 'no message'}")
-    # probes were sent and none was sized above a limit: the profile plans none (`below`),
-    # so the run tests leakage within the limits only, and says so, rather than nothing
-    within_limits_only = evidence["num_probes_sent"] > 0 and evidence["num_above_limit_sent"] == 0
-    if evidence["num_above_limit_answered"] == 0 and not within_limits_only:
+    if evidence["num_above_limit_answered"] == 0 and not _within_limits_only(evidence):
         if not evidence["reached_probe_phase"]:
             reasons.append("the run ended before the probe phase: no above-limit request was sent")
         else:
             reasons.append("no above-limit request was answered by the target")
     if evidence["num_victims_accepted"] == 0:
         reasons.append("no victim request was accepted, so there was nothing to leak")
-    if reasons:
-        return Verdict.INCONCLUSIVE, [*reasons, *([in_success_reason] if num_in_success else [])]
-    if num_in_success:
-        return Verdict.UNSAFE, [in_success_reason]
-    if within_limits_only:
-        return Verdict.CLEAN, [
+    for probe in frames.probes:
+        if probe.verdict == Verdict.INCONCLUSIVE:
+            why = "; ".join(str(r) for r in _probe_record(probe)["reasons"] or ()) or "no reason"
+            reasons.append(f"the {probe.probe.replace('_', ' ')} could not reach a decision: {why}")
+    return reasons
+
+
+def _clean_reason(frames: RunFrames, evidence: dict[str, Any]) -> str:
+    if _within_limits_only(evidence):
+        return (
             f"no finding in {len(frames.requests)} request(s), every one within the limits "
             f"({evidence['num_victims_accepted']} victim request(s) accepted); no prompt above "
             "a limit was planned, so over-limit handling was not tested"
-        ]
-    return Verdict.CLEAN, [
+        )
+    return (
         f"no finding in {len(frames.requests)} request(s); "
         f"{evidence['num_above_limit_answered']} above-limit request(s) answered, "
         f"{evidence['num_victims_accepted']} victim request(s) accepted"
-    ]
-
-
-def _kind_count(kind: str, num: int) -> str:
-    """`2 cross_tenant_canary (a leak from another tenant)`: what each leak kind means."""
-    meaning = FindingKind(kind).leak if kind in FindingKind.__members__.values() else None
-    return f"{num} {kind}" + (f" ({meaning})" if meaning else "")
+    )
 
 
 def _target_unhealthy(frames: RunFrames) -> dict[str, Any] | None:
@@ -256,34 +263,6 @@ def safe_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return safe
 
 
-def _spent(frames: RunFrames) -> dict[str, Any]:
-    """What the run sent, counted as the cost guard counts (`tenants.cost`: every planned
-    prompt token, completions at their `max_tokens`), beside what the target reported."""
-    requests = frames.requests
-    planned = PlanTotals(
-        num_requests=len(requests),
-        num_prompt_tokens=int(requests["num_prompt_tokens"].sum()),
-        num_completion_tokens=int(requests["max_tokens"].sum()),
-    )
-    settings = frames.run.settings if frames.run is not None else {}
-    prices = settings.get("price_per_mtok")
-    priced = Prices(*prices) if isinstance(prices, list | tuple) and len(prices) == 2 else None
-    reported_prompt = int(requests["prompt_tokens"].sum())
-    reported_completion = int(requests["completion_tokens"].sum())
-    return {
-        **planned.to_dict(priced),
-        "num_prompt_tokens_reported": reported_prompt,
-        "num_completion_tokens_reported": reported_completion,
-        "cost_reported": round(priced.cost(reported_prompt, reported_completion), 6)
-        if priced is not None
-        else None,
-        "budget": {
-            name: settings.get(name)
-            for name in ("max_requests", "max_prompt_tokens", "max_cost", "price_per_mtok")
-        },
-    }
-
-
 def _value_counts(column: Any) -> dict[str, int]:
     return {str(value): int(count) for value, count in column.value_counts().items()}
 
@@ -296,10 +275,13 @@ def _last_time(frames: RunFrames) -> float | None:
 def _iso(t_wall: float | None) -> str | None:
     if t_wall is None:
         return None
-    return datetime.fromtimestamp(t_wall, UTC).isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(t_wall, UTC).isoformat(timespec="seconds")
+    except (OverflowError, ValueError, OSError):  # a journal's time no calendar holds
+        return None
 
 
-def _report_version() -> str:
+def _version() -> str:
     try:
         return metadata.version("kvcanary")
     except metadata.PackageNotFoundError:
@@ -374,8 +356,9 @@ def _leaks(frames: RunFrames, started: float | None) -> dict[str, Any]:
 def _checks_not_run(frames: RunFrames) -> dict[str, str]:
     """Finding kinds this run could not have produced, with why: absent is not clean.
 
-    A run audits no pool sizes (that is `kvcanary audit`), and finds a shared prefix cache
-    only with its opt-in probe, whose `unverifiable` verdict proves nothing either way.
+    A run audits no pool sizes (that is `kvcanary audit`), and finds a shared prefix cache (or
+    a cache salt not bound to its tenant) only with its opt-in probe, whose `unverifiable`
+    verdict proves nothing either way.
     """
     found = set(frames.findings["kind"])
     reasons: dict[str, str] = {}
@@ -389,13 +372,13 @@ def _checks_not_run(frames: RunFrames) -> dict[str, str]:
             "no prompt above a limit was sent (the profile plans none, or the run ended first)"
         )
     cache = [p for p in frames.probes if p.probe == "cache_probe"]
-    if str(FindingKind.SHARED_PREFIX_CACHE) not in found:
+    for kind in (FindingKind.SHARED_PREFIX_CACHE, FindingKind.CACHE_SALT_NOT_BOUND):
+        if str(kind) in found:
+            continue
         if not cache:
-            reasons[str(FindingKind.SHARED_PREFIX_CACHE)] = (
-                "the cache probe did not run (opt in with --cache-probe)"
-            )
-        elif all(p.verdict == "inconclusive" for p in cache):
-            reasons[str(FindingKind.SHARED_PREFIX_CACHE)] = (
+            reasons[str(kind)] = "the cache probe did not run (opt in with --cache-probe)"
+        elif all(p.verdict == Verdict.INCONCLUSIVE for p in cache):
+            reasons[str(kind)] = (
                 "the cache probe was unverifiable: its positive control saw no cache"
             )
     return reasons

@@ -20,4 +20,7 @@ def journaled_ttft(frames: RunFrames) -> tuple[TtftModel | None, str]:
         return None, "no timing model was journaled (the run ended before its first fit)"
     if frames.timing.model is None:
         return None, "too few accepted requests to fit TTFT against prompt length"
-    return TtftModel.from_dict(frames.timing.model), METHOD
+    try:
+        return TtftModel.from_dict(frames.timing.model), METHOD
+    except ValueError as exc:  # a damaged journal: the report says so instead of a line
+        return None, f"the journaled timing model could not be read ({exc})"

@@ -9,8 +9,9 @@ the same lines whichever command made the reports:
       ...
       journal   RUN/journal.jsonl
 
-It imports nothing but the standard library: the CLI loads it after a run, and `kvcanary
---help` must stay instant.
+It imports nothing but the standard library and the output contract's names
+(`harness.record.outputs`): the CLI loads it after a run, and `kvcanary --help` must stay
+instant.
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from kvcanary.harness.record.outputs import EVIDENCE_DIR, ReportFormat
+
+JOURNAL_OUTPUT = "journal"
 OUTPUT_LABELS = {
-    "html": "report",
-    "md": "markdown",
-    "json": "summary",
-    "junit": "junit",
-    "evidence": "evidence",
-    "journal": "journal",
+    ReportFormat.HTML: "report",
+    ReportFormat.MD: "markdown",
+    ReportFormat.JSON: "summary",
+    ReportFormat.JUNIT: "junit",
+    EVIDENCE_DIR: "evidence",
+    JOURNAL_OUTPUT: "journal",
 }
 """Output name (as in `RenderResult.paths`) -> its label in the block, in the block's order."""
 

@@ -16,7 +16,14 @@ The expected outcome, when a spec does not fix one, is the safety rule the whole
 applies: a prompt of `n` tokens must be rejected iff it exceeds a limit, `n > input_limit`;
 `n == input_limit` is a boundary probe (either answer is defensible: a pool of `n` tokens
 holds an `n`-token prompt, SGLang refuses `len(input_ids) >= max_req_input_len`), reported as
-boundary behaviour and never a finding by itself.
+boundary behaviour and never a finding by itself. Below the limit, a prompt whose answer
+cannot fit the context (`n + max_tokens > context`) is judged by the engine's documented
+convention (`max_tokens_policy`): llama.cpp and vLLM answer until the context is full
+(vLLM 0.32 caps max_tokens at what the context leaves), so it is expected `accept`; SGLang
+and OpenAI refuse it with a 400, and an engine not identified may do either, so it is a
+`boundary` (its answer recorded, never a finding by itself). The prompt fits every limit,
+so it is never `reject`: accepting it is not the incident, and it is never a leak or an
+`unsafe_accept` on its own.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class LimitsLike(Protocol):
     @property
     def max_input_tokens(self) -> int | None: ...
 
+    # `max_tokens_policy` (`reject`, `stop` or None) is read where a limits object has it
+
 
 def input_limit(limits: LimitsLike) -> int:
     """The tightest limit, `min(pool, context, max_input_tokens)`: a prompt longer than this
@@ -75,12 +84,22 @@ def input_limit(limits: LimitsLike) -> int:
     return limit
 
 
-def expected_outcome(num_tokens: int, limits: LimitsLike) -> Expected:
-    """`accept` below the target's input limit, `boundary` exactly at it, `reject` above."""
+_BY_POLICY: dict[str | None, Expected] = {"stop": "accept"}
+"""A prompt that fits while its answer does not, by the engine's policy (else `boundary`)."""
+
+
+def expected_outcome(num_tokens: int, limits: LimitsLike, max_tokens: int = 0) -> Expected:
+    """`accept` below the target's input limit, `boundary` exactly at it, `reject` above;
+    below it, a prompt whose `max_tokens` answer cannot fit the context is `accept` where
+    the engine answers it until the context is full, else `boundary`."""
     limit = input_limit(limits)
     if num_tokens == limit:
         return "boundary"
-    return "accept" if num_tokens < limit else "reject"
+    if num_tokens > limit:
+        return "reject"
+    if num_tokens + max_tokens > limits.context_tokens:
+        return _BY_POLICY.get(getattr(limits, "max_tokens_policy", None), "boundary")
+    return "accept"
 
 
 def check_expression(expr: str) -> ast.expr:
@@ -164,10 +183,11 @@ class SizeSpec:
     def __post_init__(self) -> None:
         check_expression(self.expr)
 
-    def resolve(self, limits: LimitsLike) -> ResolvedSize:
-        """This size in tokens against `limits`, with its expected outcome."""
+    def resolve(self, limits: LimitsLike, max_tokens: int = 0) -> ResolvedSize:
+        """This size in tokens against `limits`, with its expected outcome for an answer of
+        up to `max_tokens` tokens."""
         num_tokens = evaluate(self.expr, limits)
-        expected = self.expected or expected_outcome(num_tokens, limits)
+        expected = self.expected or expected_outcome(num_tokens, limits, max_tokens)
         return ResolvedSize(self.label, self.expr, self.intent, num_tokens, expected)
 
 

@@ -62,13 +62,18 @@ class WorkloadProfile:
         if self.abort_after_chunks < 0:
             raise ConfigError(f"profile {self.name!r}: abort_after_chunks must be >= 0")
 
+    def max_tokens(self, intent: Intent) -> int:
+        """The answer length a plan of `intent` asks for."""
+        # an abort plan must still be streaming when it drops: it asks for a probe's length
+        return self.victim_max_tokens if intent == "victim" else self.probe_max_tokens
+
     def resolve(self, limits: LimitsLike) -> ResolvedWorkload:
         """Every size of this profile in tokens, with its expected outcome, for one target."""
-        return ResolvedWorkload(
-            victims=tuple(spec.resolve(limits) for spec in self.victims),
-            probes=tuple(spec.resolve(limits) for spec in self.probes),
-            aborts=tuple(spec.resolve(limits) for spec in self.aborts),
-        )
+
+        def sizes(specs: Sequence[SizeSpec]) -> tuple[ResolvedSize, ...]:
+            return tuple(s.resolve(limits, self.max_tokens(s.intent)) for s in specs)
+
+        return ResolvedWorkload(sizes(self.victims), sizes(self.probes), sizes(self.aborts))
 
 
 @dataclass(frozen=True, slots=True)

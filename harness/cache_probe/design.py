@@ -216,8 +216,9 @@ def probe_tenants(tenants: Sequence[Tenant], *, salts: bool = False) -> list[Ten
 
 
 def shares_credentials(tenants: Sequence[Tenant]) -> bool:
-    """Whether some tenants send the same credential (by variable name or header value)."""
-    keys = [(t.api_key_env, tuple(sorted(t.headers.items()))) for t in tenants]
+    """Whether some tenants send the same credential: the headers they resolve to now (two
+    variables holding one key are one credential; one variable read by all is too)."""
+    keys = [tuple(sorted(t.auth_headers().items())) for t in tenants]
     return len(set(keys)) < len(keys)
 
 

@@ -3,8 +3,10 @@
 The trials are `harness.cache_probe.design`'s (re-exported here: this module is the probe's
 public API). They are sent one at a time, after a few unmeasured warm-up requests; only the
 timed request's TTFT enters the statistics (`harness.cache_probe.stats`), with the cached tokens
-the target reported for it, and a trial whose seed request failed is dropped (its prefix
-may not be cached).
+the target reported for it and, where the engine exposes prefix-cache counters
+(`harness.cache_probe.counters`), their increase over it (read just before and just after
+the timed request); a trial whose seed request failed is dropped (its prefix may not be
+cached).
 
 Everything sent and seen can be journaled through `emit` (phase `cache_probe`, plans with
 intent `control`, observations with their one-token text dropped, findings, and last a
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 
 from kvcanary.canaries import CanaryMinter, Tokenizer
 from kvcanary.canaries.redact import redact_quote
+from kvcanary.harness.cache_probe.counters import CacheCounts, CounterSource
 from kvcanary.harness.cache_probe.design import (
     DEFAULT_NUM_TRIALS,
     DEFAULT_PREFIX_FRACTION,
@@ -103,6 +106,8 @@ class TrialOutcome:
     """The timed request's TTFT; None when it or its seed failed."""
     cached_tokens: int | None
     error: str | None = None
+    counted_hits: float | None = None
+    """The engine's prefix-cache hit counter's increase over the timed request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +123,18 @@ class CacheProbeResult:
     def verdict(self) -> Verdict:
         return self.assessment.verdict
 
+    counters: str | None = None
+    """The prefix-cache counter family read (`vllm:prefix_cache_hits`), or None."""
+    stopped: bool = False
+    """Stopped (Ctrl-C, SIGTERM) before its last trial was sent."""
+
     def to_details(self) -> dict[str, Any]:
-        return {"assessment": self.assessment.to_details(), "design": self.design.to_record()}
+        return {
+            "assessment": self.assessment.to_details(),
+            "design": self.design.to_record(),
+            "counters": self.counters,
+            "stopped": self.stopped,
+        }
 
 
 # -- running ---------------------------------------------------------------------------
@@ -134,12 +149,20 @@ class CacheProbe:
     """
 
     def __init__(
-        self, sender: ProbeSender, design: Design, *, emit: Callable[[Event], None] | None = None
+        self,
+        sender: ProbeSender,
+        design: Design,
+        *,
+        emit: Callable[[Event], None] | None = None,
+        counters: CounterSource | None = None,
     ) -> None:
-        """`emit` journals every plan, observation and finding as it happens."""
+        """`emit` journals every plan, observation and finding as it happens; `counters`
+        reads the engine's prefix-cache counters (not read again once they are missing)."""
         self.sender = sender
         self.design = design
         self._emit = emit
+        self._counters = counters
+        self._source: str | None = None
         self._stopping = False
         self._cancelled = False
         self._in_flight: asyncio.Future[Observation] | None = None
@@ -161,6 +184,8 @@ class CacheProbe:
 
     async def run(self) -> CacheProbeResult:
         self._event(PhaseStarted(PHASE, time.time()))
+        first = await self._count()
+        self._source = first.source if first is not None else None
         for send in self.design.warmup:
             if not self._stopping:
                 await self._send(send)
@@ -169,13 +194,15 @@ class CacheProbe:
             if self._stopping:
                 break
             outcomes.append(await self._trial(trial))
-        result = self.assess(outcomes)
+        result = self.assess(outcomes, stopped=len(outcomes) < len(self.design.trials))
         for finding in result.findings:
             self._event(FindingRecorded(finding, time.time()))
         self._event(ProbeFinished(PHASE, result.verdict, result.to_details(), time.time()))
         return result
 
-    def assess(self, outcomes: Sequence[TrialOutcome]) -> CacheProbeResult:
+    def assess(
+        self, outcomes: Sequence[TrialOutcome], *, stopped: bool = False
+    ) -> CacheProbeResult:
         """The statistics of `outcomes` (also usable on outcomes read back from a journal)."""
         settings = self.design.settings
         positive = ArmPair(
@@ -201,21 +228,39 @@ class CacheProbe:
             trim_outliers=settings.trim_outliers,
         )
         findings = findings_of(assessment, self.design.to_record())
-        return CacheProbeResult(self.design, assessment, tuple(findings), tuple(outcomes))
+        return CacheProbeResult(
+            self.design, assessment, tuple(findings), tuple(outcomes), self._source, stopped
+        )
 
     async def _trial(self, trial: Trial) -> TrialOutcome:
         observations: list[Observation] = []
+        before = after = None
         for send in trial.sends:
             if self._cancelled and observations:  # a second Ctrl-C sends nothing more
                 break
+            if send is trial.timed:
+                before = await self._count()
             observations.append(await self._send(send))
+        if before is not None:
+            after = await self._count()
         failed = next((o for o in observations if not o.ok or o.ttft_ns is None), None)
         if failed is not None:
             why = failed.error or f"HTTP {failed.status} without a first token"
             return TrialOutcome(trial, None, None, f"{failed.request_id}: {why}")
         timed = observations[-1]
         assert timed.ttft_ns is not None
-        return TrialOutcome(trial, timed.ttft_ns / 1e6, timed.usage.cached_tokens)
+        counted = after.hits - before.hits if before is not None and after is not None else None
+        return TrialOutcome(trial, timed.ttft_ns / 1e6, timed.usage.cached_tokens, None, counted)
+
+    async def _count(self) -> CacheCounts | None:
+        """The counters now; a target without them (or that stops serving them) is not
+        asked again."""
+        if self._counters is None or self._cancelled:
+            return None
+        counts = await self._counters.read()
+        if counts is None:
+            self._counters = None
+        return counts
 
     async def _send(self, send: Send) -> Observation:
         if self.design.settings.pause_s:
@@ -267,9 +312,11 @@ def _sample(
         and (owner is None or o.trial.owner == owner)
         and (prober is None or o.trial.prober == prober)
     ]
+    counted = tuple(o.counted_hits for o in chosen)
     return ArmSample(
         tuple(o.ttft_ms for o in chosen if o.ttft_ms is not None),
         tuple(o.cached_tokens for o in chosen),
+        counted if any(c is not None for c in counted) else (),
     )
 
 
@@ -288,7 +335,8 @@ async def run_cache_probe(
     *,
     emit: Callable[[Event], None] | None = None,
     minter: CanaryMinter | None = None,
+    counters: CounterSource | None = None,
 ) -> CacheProbeResult:
     """Design the trials for `tenants`, send them through `sender`, assess them."""
     design = design_trials(tenants, tokenizer, settings or ProbeSettings(), minter=minter)
-    return await CacheProbe(sender, design, emit=emit).run()
+    return await CacheProbe(sender, design, emit=emit, counters=counters).run()

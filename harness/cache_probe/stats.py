@@ -27,15 +27,24 @@ The cross-tenant and spoofed-salt contrasts form one family: Holm's step-down co
 controls the family-wise error at `alpha` across tenant pairs. The positive control is a
 single test at `alpha`.
 
-Ground truth: where the target reports `usage.prompt_tokens_details.cached_tokens`, a trial
-is a *reported hit* when it reports at least half of the shared prefix as cached, and an arm
-*says hit* when most of its reporting trials do. An arm is served from cache when timing
-says so or the target's own count does; `agreement` compares the two.
+The target's own witnesses: `usage.prompt_tokens_details.cached_tokens` per request, and
+where the engine exposes them, its prefix-cache counters (`harness.cache_probe.counters`),
+read around each timed request. A count is evidence only by how much it exceeds the miss
+arm's: a disaggregated engine's decode reports the KV it loaded from prefill as cached on
+every request, the miss arm included, and a chat template's common prefix is cached for
+everyone. A trial is a *witnessed hit* when its count exceeds the miss arm's median by at
+least half of the shared prefix, and a witness *says hit* for an arm when most of the arm's
+reporting trials are. An arm is served from cache when timing says so or a witness does;
+`agreement` compares them.
 
-Verdict (`harness.record.verdict.Verdict`): `leak` when any cross-tenant or spoofed-salt arm
-is served from cache; otherwise `clean` when the positive control is (the cache works and the
-probe can see it), and `inconclusive` when it is not (cache off, or its effect too small to
-see): a probe that cannot see a tenant's own hits proves nothing about isolation.
+Verdict (`harness.record.verdict.Verdict`): `leak` when a cross-tenant arm is served from
+cache (a `shared_prefix_cache` finding; a spoofed-salt arm of the same pair counts as the
+same sharing); `unsafe` when only spoofed-salt arms are (`cache_salt_not_bound`: the cache is
+keyed by a salt the client chooses, not by its credential, so anyone who learns a tenant's
+salt reads its cache); otherwise `clean` when the positive control is served from cache (the
+cache works and the probe can see it), and `inconclusive` when it is not (cache off, or its
+effect too small to see): a probe that cannot see a tenant's own hits proves nothing about
+isolation.
 
 It deliberately knows nothing about HTTP, prompts or trial order (that is the probe).
 """
@@ -48,8 +57,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from kvcanary.harness.cache_probe.significance import (
     MIN_SAMPLES,
     ArmTest,
@@ -57,50 +64,34 @@ from kvcanary.harness.cache_probe.significance import (
     holm,
     trim_upper_outliers,
 )
+from kvcanary.harness.cache_probe.witness import GroundTruth, reported_truth
 from kvcanary.harness.record.finding import Finding, FindingKind
 from kvcanary.harness.record.verdict import Verdict
 
 DEFAULT_ALPHA = 1e-3
+"""Family-wise error rate across tenant pairs (Holm); the positive control uses it as is."""
 MIN_SAVING = 0.05
 """A timing hit's median TTFT is at least this fraction below its miss baseline's. A cache
 hit on the default 87.5 % prefix skips most of a prefill; a re-sent text's incidental warmth
 (a tokenizer's cache, warm CPU caches) saves well under 1 %."""
-"""Family-wise error rate across tenant pairs (Holm); the positive control uses it as is."""
-REPORTED_HIT_FRACTION = 0.5
-"""A trial is a reported hit when `cached_tokens` covers at least this share of the prefix."""
 
 ArmKind = Literal["same_tenant", "cross_tenant", "spoofed_salt"]
 
 
 @dataclass(frozen=True, slots=True)
 class ArmSample:
-    """One arm's successful trials: TTFT in milliseconds and the cached tokens reported."""
+    """One arm's successful trials: TTFT in milliseconds and what the target counted."""
 
     ttft_ms: tuple[float, ...]
     cached_tokens: tuple[int | None, ...] = ()
+    counted_hits: tuple[float | None, ...] = ()
+    """The engine's prefix-cache hit counter's increase over each timed request (None: not
+    read); empty where the target has no counters."""
 
     def __post_init__(self) -> None:
         assert not self.cached_tokens or len(self.cached_tokens) == len(self.ttft_ms)
+        assert not self.counted_hits or len(self.counted_hits) == len(self.ttft_ms)
         assert all(math.isfinite(t) for t in self.ttft_ms), "TTFTs must be finite"
-
-
-@dataclass(frozen=True, slots=True)
-class GroundTruth:
-    """What the target itself reported as cached for one arm's trials."""
-
-    num_trials: int
-    num_reporting: int
-    """Trials whose response carried `cached_tokens` at all."""
-    num_reported_hits: int
-    threshold_tokens: int
-    median_cached_tokens: float | None
-
-    @property
-    def says_hit(self) -> bool | None:
-        """Most reporting trials were hits; None when the target reports nothing."""
-        if self.num_reporting == 0:
-            return None
-        return self.num_reported_hits * 2 > self.num_reporting
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +107,11 @@ class Contrast:
     p_adjusted: float
     alpha: float
     reported: GroundTruth
+    """`cached_tokens`, against the miss arm's."""
     baseline_reported: GroundTruth
+    """The miss arm's own `cached_tokens`, as reported."""
+    counted: GroundTruth
+    """The engine's prefix-cache counters, against the miss arm's."""
 
     @property
     def significant(self) -> bool:
@@ -128,15 +123,21 @@ class Contrast:
         return self.significant and self.test.median_ratio <= 1.0 - MIN_SAVING
 
     @property
+    def witnessed_by(self) -> tuple[str, ...]:
+        """The target's own counts that say this arm was served from cache."""
+        said = (("cached_tokens", self.reported), ("prefix-cache counters", self.counted))
+        return tuple(name for name, truth in said if truth.says_hit is True)
+
+    @property
     def cache_hit(self) -> bool:
-        """Served from cache, by timing or by the target's own count."""
-        return self.timing_hit or self.reported.says_hit is True
+        """Served from cache, by timing or by one of the target's own counts."""
+        return self.timing_hit or bool(self.witnessed_by)
 
     @property
     def agreement(self) -> bool | None:
-        """Timing and the reported count agree; None where the target reports nothing."""
-        says_hit = self.reported.says_hit
-        return None if says_hit is None else says_hit == self.timing_hit
+        """Timing and every count the target reported agree; None where it reports none."""
+        votes = [t.says_hit for t in (self.reported, self.counted) if t.says_hit is not None]
+        return None if not votes else all(v == self.timing_hit for v in votes)
 
     def to_details(self) -> dict[str, Any]:
         return {
@@ -147,8 +148,9 @@ class Contrast:
             "cache_hit": self.cache_hit,
             "p_adjusted": self.p_adjusted,
             "test": _rounded(self.test),
-            "reported": _truth_details(self.reported),
-            "baseline_reported": _truth_details(self.baseline_reported),
+            "reported": self.reported.to_details(),
+            "baseline_reported": self.baseline_reported.to_details(),
+            "counted": self.counted.to_details(),
             "agreement": self.agreement,
         }
 
@@ -170,10 +172,14 @@ class Assessment:
 
     @property
     def agreement(self) -> bool | None:
-        """Every contrast's timing agrees with the target's count (None: nothing reported)."""
+        """Every contrast's timing agrees with the target's counts (None: nothing reported)."""
         votes = [c.agreement for c in (self.positive_control, *self.contrasts)]
         known = [v for v in votes if v is not None]
         return all(known) if known else None
+
+    def kind_of(self, contrast: Contrast) -> FindingKind:
+        """What an arm served from another tenant's cache shows (`finding_kind`)."""
+        return finding_kind(contrast, self.contrasts)
 
     def to_details(self) -> dict[str, Any]:
         return {
@@ -188,17 +194,17 @@ class Assessment:
         }
 
 
-def reported_truth(cached_tokens: Sequence[int | None], shared_tokens: int) -> GroundTruth:
-    """The target's own count for one arm: hits cover >= half of `shared_tokens`."""
-    threshold = max(1, math.ceil(REPORTED_HIT_FRACTION * shared_tokens))
-    reported = [c for c in cached_tokens if c is not None]
-    return GroundTruth(
-        num_trials=len(cached_tokens),
-        num_reporting=len(reported),
-        num_reported_hits=sum(c >= threshold for c in reported),
-        threshold_tokens=threshold,
-        median_cached_tokens=float(np.median(reported)) if reported else None,
+def finding_kind(contrast: Contrast, contrasts: Sequence[Contrast]) -> FindingKind:
+    """`cache_salt_not_bound` for a spoofed-salt arm served from cache while the same pair's
+    plain cross-tenant arm was not: the borrowed salt, not a cache shared by everyone, let the
+    prober in. Every other hit is `shared_prefix_cache`."""
+    if contrast.kind != "spoofed_salt":
+        return FindingKind.SHARED_PREFIX_CACHE
+    pair = (contrast.owner, contrast.prober)
+    shared = any(
+        c.kind == "cross_tenant" and (c.owner, c.prober) == pair and c.cache_hit for c in contrasts
     )
+    return FindingKind.SHARED_PREFIX_CACHE if shared else FindingKind.CACHE_SALT_NOT_BOUND
 
 
 # -- the verdict -----------------------------------------------------------------------
@@ -244,6 +250,7 @@ def assess(
 def _contrast(
     pair: ArmPair, test: ArmTest, p_adjusted: float, alpha: float, shared_tokens: int
 ) -> Contrast:
+    candidate, baseline = pair.candidate, pair.baseline
     return Contrast(
         kind=pair.kind,
         owner=pair.owner,
@@ -251,19 +258,22 @@ def _contrast(
         test=test,
         p_adjusted=p_adjusted,
         alpha=alpha,
-        reported=reported_truth(pair.candidate.cached_tokens, shared_tokens),
-        baseline_reported=reported_truth(pair.baseline.cached_tokens, shared_tokens),
+        reported=reported_truth(candidate.cached_tokens, shared_tokens, baseline.cached_tokens),
+        baseline_reported=reported_truth(baseline.cached_tokens, shared_tokens),
+        counted=reported_truth(candidate.counted_hits, shared_tokens, baseline.counted_hits),
     )
 
 
 def _verdict(positive: Contrast, contrasts: Sequence[Contrast]) -> tuple[Verdict, tuple[str, ...]]:
-    reasons = [_describe(c) for c in contrasts if c.cache_hit]
-    if reasons:
+    found = [c for c in contrasts if c.cache_hit]
+    if found:
+        reasons = [_describe(c, finding_kind(c, contrasts)) for c in found]
         if not positive.cache_hit:
             reasons.append("(the positive control did not show the cache, yet these arms did)")
-        return Verdict.LEAK, tuple(reasons)
+        shared = any(finding_kind(c, contrasts) == FindingKind.SHARED_PREFIX_CACHE for c in found)
+        return (Verdict.LEAK if shared else Verdict.UNSAFE), tuple(reasons)
     if positive.cache_hit:
-        how = "timing" if positive.timing_hit else "the target's cached_tokens"
+        how = "timing" if positive.timing_hit else f"the target's {positive.witnessed_by[0]}"
         return Verdict.CLEAN, (
             f"the positive control shows a working cache ({how}: {_effect(positive)}), and no "
             f"cross-tenant arm was served from it ({len(contrasts)} contrasts, Holm at "
@@ -282,11 +292,11 @@ def _verdict(positive: Contrast, contrasts: Sequence[Contrast]) -> tuple[Verdict
             f"({_effect(positive)}, {test})"
         )
         if positive.reported.says_hit is False:
-            why += " and the target reports no cached tokens"
+            why += " and the target reports no more cached tokens than for a miss"
     return Verdict.INCONCLUSIVE, (why + ": the cache is off or its effect is invisible here",)
 
 
-def _describe(c: Contrast) -> str:
+def _describe(c: Contrast, kind: FindingKind = FindingKind.SHARED_PREFIX_CACHE) -> str:
     arm = {
         "cross_tenant": f"{c.prober} re-sending {c.owner}'s prefix",
         "spoofed_salt": f"{c.prober} re-sending {c.owner}'s prefix with {c.owner}'s cache_salt",
@@ -295,12 +305,19 @@ def _describe(c: Contrast) -> str:
     evidence = []
     if c.timing_hit:
         evidence.append(f"timing {_effect(c)}, p={c.p_adjusted:.2g} < alpha {c.alpha:g}")
-    if c.reported.says_hit:
-        evidence.append(
-            f"the target reports {c.reported.num_reported_hits}/{c.reported.num_reporting} "
-            "trials as cached"
+    for name, truth in (("cached_tokens", c.reported), ("prefix-cache counters", c.counted)):
+        if truth.says_hit:
+            evidence.append(
+                f"the target's {name} show {truth.num_reported_hits}/{truth.num_reporting} "
+                f"trials as cached beyond the miss arm's {truth.control_median:g} tokens"
+            )
+    meaning = ""
+    if kind == FindingKind.CACHE_SALT_NOT_BOUND:
+        meaning = (
+            f" (the salt is not bound to the credential: anyone who learns {c.owner}'s "
+            "cache_salt reads its cache)"
         )
-    return f"{arm} was served from cache: {'; '.join(evidence)}"
+    return f"{arm} was served from cache{meaning}: {'; '.join(evidence)}"
 
 
 def _effect(c: Contrast) -> str:
@@ -314,18 +331,20 @@ def _effect(c: Contrast) -> str:
 
 
 def findings_of(assessment: Assessment, design: dict[str, Any]) -> list[Finding]:
-    """One `shared_prefix_cache` finding per arm served from another tenant's cache."""
+    """One finding per arm served from another tenant's cache: `shared_prefix_cache`, or
+    `cache_salt_not_bound` where only a borrowed salt let the prober in."""
     findings = []
     for contrast in assessment.found:
+        kind = assessment.kind_of(contrast)
         findings.append(
             Finding(
-                kind=FindingKind.SHARED_PREFIX_CACHE,
-                severity=FindingKind.SHARED_PREFIX_CACHE.severity,
+                kind=kind,
+                severity=kind.severity,
                 detector="cache_probe",
                 request_id=None,
                 tenant=contrast.prober,
                 victim_tenant=contrast.owner,
-                summary=_describe(contrast),
+                summary=_describe(contrast, kind),
                 details={
                     "contrast": contrast.to_details(),
                     "assessment": assessment.to_details(),
@@ -344,17 +363,6 @@ def _rounded(test: ArmTest) -> dict[str, Any]:
     }
 
 
-def _truth_details(truth: GroundTruth) -> dict[str, Any]:
-    return {
-        "num_trials": truth.num_trials,
-        "num_reporting": truth.num_reporting,
-        "num_reported_hits": truth.num_reported_hits,
-        "threshold_tokens": truth.threshold_tokens,
-        "median_cached_tokens": truth.median_cached_tokens,
-        "says_hit": truth.says_hit,
-    }
-
-
 __all__ = [
     "DEFAULT_ALPHA",
     "MIN_SAMPLES",
@@ -368,6 +376,7 @@ __all__ = [
     "GroundTruth",
     "assess",
     "compare_arms",
+    "finding_kind",
     "findings_of",
     "holm",
     "reported_truth",

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from kvcanary.canaries.errors import ConfigError
@@ -26,6 +27,8 @@ from kvcanary.harness.run.option_flags import add_to_parser, given_values
 from kvcanary.harness.run.options import options_for
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from kvcanary.harness.target.audit import AuditResult
 
 
@@ -57,11 +60,15 @@ def run(args: argparse.Namespace) -> int:
 
     from kvcanary.harness.run.config import Layer, settings
     from kvcanary.harness.target.audit import run_audit
+    from kvcanary.harness.target.urls import server_root
 
     given = given_values(args, options_for("audit"), parse=True)
     options = settings("audit", Layer("the command line", given))
     if not (options["target"] or options["prefill"] or options["decode"]):
         raise ConfigError("audit needs --target URL (or --prefill URL / --decode URL)")
+    target = options["target"]
+    if target is not None:  # `.../v1` as OpenAI clients take it: the server's root
+        target = server_root(target, lambda line: print(line, file=sys.stderr))
     headers = _auth_headers(options["api_key_env"])
     seconds: float = options["timeout"]
 
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=timeout) as client:
             return await run_audit(
                 client,
-                target=options["target"],
+                target=target,
                 prefill_urls=options["prefill"],
                 decode_urls=options["decode"],
                 probe=options["probe"],
@@ -99,10 +106,9 @@ def _auth_headers(variable: str | None) -> dict[str, str]:
 
 def _print_result(result: AuditResult) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     from kvcanary.harness.record.verdict import Verdict
-    from kvcanary.harness.target.audit import SideVerdict, redact_url
+    from kvcanary.harness.target.urls import redact_url
 
     console = Console(highlight=False)
     if not console.is_terminal:
@@ -115,35 +121,13 @@ def _print_result(result: AuditResult) -> None:
     model = f"  model {facts.model}" if facts.model else ""
     say(f"target {redact_url(facts.base_url)}  engine {facts.engine}{model}")
     if result.sides:
-        table = Table("side", "url", "pool tokens", "context tokens", "ratio", "verdict")
-        table.columns[1].overflow = "fold"
-        table.columns[5].no_wrap = True
-        styles = {SideVerdict.OK: "green", SideVerdict.UNKNOWN: "yellow"}
-        for side in result.sides:
-            table.add_row(
-                side.side.role,
-                redact_url(side.side.url),
-                _figure(side.side.pool_tokens),
-                _figure(side.side.context_tokens),
-                "-" if side.ratio is None else f"{side.ratio:.3f}",
-                f"[{styles.get(side.verdict, 'bold red')}]{side.verdict}[/]",
-            )
-        console.print(table)
+        console.print(_sides_table(result))
     if result.figures:
         say("figures:")
     for figure in result.figures:
         console.print(f"  {figure.describe()}", markup=False, soft_wrap=True)
-    unknown = [s for s in result.sides if s.verdict is SideVerdict.UNKNOWN]
-    if not result.sides or unknown:
-        what = "; ".join(f"{s.side.role} {redact_url(s.side.url)}: {s.reason}" for s in unknown)
-        say(
-            "[yellow]could not read the pool size[/]"
-            + (f" ({what})" if what else " of any side")
-            + "; here is what was tried:"
-        )
-        for attempt in facts.attempts:
-            console.print(f"  {redact_url(attempt.describe())}", markup=False, soft_wrap=True)
-        say("pass the sides' URLs with --prefill/--decode if a router hides them")
+    for number, line in enumerate(_unknown_lines(result)):
+        console.print(line, style="yellow" if number == 0 else None, markup=False, soft_wrap=True)
     if result.probe is not None:
         probe = result.probe
         said = [f"{probe.num_tokens} tokens, {probe.token_count}" if probe.num_tokens else ""]
@@ -157,6 +141,47 @@ def _print_result(result: AuditResult) -> None:
         f"verdict: [{style}]{result.verdict}[/] "
         f"({num_findings} finding{'' if num_findings == 1 else 's'})"
     )
+
+
+def _sides_table(result: AuditResult) -> Table:
+    """One row per side: its pool, context, their ratio and the verdict, coloured."""
+    from rich.table import Table
+
+    from kvcanary.harness.target.audit import SideVerdict
+    from kvcanary.harness.target.urls import redact_url
+
+    table = Table("side", "url", "pool tokens", "context tokens", "ratio", "verdict")
+    table.columns[1].overflow = "fold"
+    table.columns[5].no_wrap = True
+    styles = {SideVerdict.OK: "green", SideVerdict.UNKNOWN: "yellow"}
+    for side in result.sides:
+        table.add_row(
+            side.side.role,
+            redact_url(side.side.url),
+            _figure(side.side.pool_tokens),
+            _figure(side.side.context_tokens),
+            "-" if side.ratio is None else f"{side.ratio:.3f}",
+            f"[{styles.get(side.verdict, 'bold red')}]{side.verdict}[/]",
+        )
+    return table
+
+
+def _unknown_lines(result: AuditResult) -> list[str]:
+    """Where a pool could not be read: which side, and every request that was tried."""
+    from kvcanary.harness.target.audit import SideVerdict
+    from kvcanary.harness.target.urls import redact_url
+
+    unknown = [s for s in result.sides if s.verdict is SideVerdict.UNKNOWN]
+    if result.sides and not unknown:
+        return []
+    what = "; ".join(f"{s.side.role} {redact_url(s.side.url)}: {s.reason}" for s in unknown)
+    lines = [
+        "could not read the pool size"
+        + (f" ({what})" if what else " of any side")
+        + "; here is what was tried:"
+    ]
+    lines += [f"  {redact_url(attempt.describe())}" for attempt in result.facts.attempts]
+    return [*lines, "pass the sides' URLs with --prefill/--decode if a router hides them"]
 
 
 def _figure(value: int | None) -> str:

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from kvcanary.harness.record.outputs import EVIDENCE_DIR, JOURNAL_NAME, REPORT_FILES
 from kvcanary.harness.run.option_flags import add_to_parser, given_values
 from kvcanary.harness.run.options import options_for
 
@@ -25,7 +26,6 @@ _EPILOG = (
     "scenario, reported as FILE:LINE: FIELD: problem); 3 inconclusive (target unreachable, "
     "steps failed, interrupted)."
 )
-_LABELS = {"html": "report", "md": "markdown", "json": "summary", "junit": "junit"}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Runs a scenario's ordered steps (victims, probes, disconnects, waits) against "
             "--target, the scenario's own target, or the bundled reference engine the "
             "scenario describes, then compares the findings with the scenario's expected "
-            "outcome. The run directory holds the evidence: journal.jsonl, report.html, "
-            "report.md, summary.json, junit.xml and evidence/."
+            "outcome. The run directory holds the evidence: "
+            f"{', '.join((JOURNAL_NAME, *REPORT_FILES.values()))} and {EVIDENCE_DIR}/."
         ),
         epilog=_EPILOG,
     )
@@ -83,8 +83,11 @@ def repro_command(args: argparse.Namespace) -> int:
         print("  evidence  none: nothing was sent")
         return result.exit_status
     print(f"  run dir   {result.out_dir}")
-    for name, path in (*result.outputs.items(), ("journal", result.out_dir / "journal.jsonl")):
-        print(f"  {_LABELS.get(name, name):<9} {path}")
+    from kvcanary.reports.verdict_block import JOURNAL_OUTPUT, OUTPUT_LABELS
+
+    journal = (JOURNAL_OUTPUT, result.out_dir / JOURNAL_NAME)
+    for name, path in (*result.outputs.items(), journal):
+        print(f"  {OUTPUT_LABELS.get(name, name):<9} {path}")
     return result.exit_status
 
 

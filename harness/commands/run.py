@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvcanary.harness.record.judgement import verdict_table_text
 from kvcanary.harness.run.config import Command
 from kvcanary.harness.run.option_flags import add_to_parser, given_values
 from kvcanary.harness.run.options import options_for
@@ -27,6 +29,8 @@ _EPILOG = (
     "complete (target unreachable, interrupted before a verdict). Ctrl-C stops sending and "
     "reports what was seen; a second Ctrl-C cancels requests in flight."
 )
+
+_HELP_WIDTH = 88
 
 _DESCRIPTIONS: dict[Command, tuple[str, str]] = {
     "run": (
@@ -52,7 +56,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     for command in ("run", "soak"):
         summary, description = _DESCRIPTIONS[command]
         parser = subparsers.add_parser(
-            command, help=summary, description=description, epilog=_EPILOG
+            command,
+            help=summary,
+            description=textwrap.fill(description, _HELP_WIDTH),
+            # the verdict table is laid out by hand: a raw formatter keeps its columns
+            epilog=f"{verdict_table_text(_HELP_WIDTH)}\n\n{textwrap.fill(_EPILOG, _HELP_WIDTH)}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         add_to_parser(parser, options_for(command))
         parser.set_defaults(handler=_handler(command))
@@ -87,7 +96,8 @@ def print_verdict(
     out_dir: Path,
 ) -> None:
     """The verdict block `kvcanary report` prints too (`reports.verdict_block`)."""
-    from kvcanary.reports.verdict_block import verdict_block
+    from kvcanary.harness.record.outputs import JOURNAL_NAME
+    from kvcanary.reports.verdict_block import JOURNAL_OUTPUT, verdict_block
 
-    journal = {"journal": out_dir / "journal.jsonl"}
+    journal = {JOURNAL_OUTPUT: out_dir / JOURNAL_NAME}
     print(verdict_block(verdict, reasons, ended, {**outputs, **journal}))

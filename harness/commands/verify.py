@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from kvcanary.canaries.errors import ConfigError, RunIncomplete
+from kvcanary.harness.record.verdict import EXIT_CLEAN, EXIT_FINDINGS
 
 _EPILOG = (
     "Exit status: 0 the last row (all fixes, or the --fix combination) has no counterexample "
@@ -99,7 +100,8 @@ def verify_command(args: argparse.Namespace) -> int:
         for path in paths:
             print(f"scenario {path}  (kvcanary repro {path})")
     last = rows[-1]
-    return 1 if any(c.violation is not None for c in last.cells.values()) else 0
+    found = any(c.violation is not None for c in last.cells.values())
+    return EXIT_FINDINGS if found else EXIT_CLEAN
 
 
 def _prepare_dir(directory: Path) -> None:

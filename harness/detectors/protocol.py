@@ -178,13 +178,13 @@ class ProtocolDetector:
             f"{plan.tenant}'s {plan.request_id} sent a {plan.num_prompt_tokens}-token prompt "
             f"above {above} and got HTTP {obs.status} instead of an error ({why})"
         )
-        return Finding(
-            kind=FindingKind.UNSAFE_ACCEPT,
+        return Finding.on_request(
+            FindingKind.UNSAFE_ACCEPT,
+            DETECTOR,
+            plan.request_id,
+            plan.tenant,
+            summary,
             severity=severity,
-            detector=DETECTOR,
-            request_id=plan.request_id,
-            tenant=plan.tenant,
-            summary=summary,
             details={
                 "num_prompt_tokens": plan.num_prompt_tokens,
                 "max_tokens": plan.max_tokens,
@@ -239,13 +239,12 @@ class ProtocolDetector:
             "of an answer: clients and monitoring count it as a success (the error is in the "
             "request's record, redacted like any text the target sent)"
         )
-        return Finding(
-            kind=FindingKind.ERROR_IN_SUCCESS,
-            severity=FindingKind.ERROR_IN_SUCCESS.severity,
-            detector=DETECTOR,
-            request_id=plan.request_id,
-            tenant=plan.tenant,
-            summary=summary,
+        return Finding.on_request(
+            FindingKind.ERROR_IN_SUCCESS,
+            DETECTOR,
+            plan.request_id,
+            plan.tenant,
+            summary,
             details={
                 "num_prompt_tokens": plan.num_prompt_tokens,
                 "status": obs.status,
@@ -275,13 +274,12 @@ class ProtocolDetector:
                 f"reported usage.prompt_tokens={reported} (off by {difference:+d}{net}, "
                 f"tolerance {tolerance})"
             )
-        return Finding(
-            kind=FindingKind.PROMPT_TOKENS_MISMATCH,
-            severity=FindingKind.PROMPT_TOKENS_MISMATCH.severity,
-            detector=DETECTOR,
-            request_id=plan.request_id,
-            tenant=plan.tenant,
-            summary=summary,
+        return Finding.on_request(
+            FindingKind.PROMPT_TOKENS_MISMATCH,
+            DETECTOR,
+            plan.request_id,
+            plan.tenant,
+            summary,
             details={
                 "num_prompt_tokens": planned,
                 "usage_prompt_tokens": reported,

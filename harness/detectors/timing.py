@@ -82,9 +82,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-from scipy.stats import siegelslopes, theilslopes
 
 from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.detectors.ttft_fit import fit_ttft
 from kvcanary.harness.record.finding import Finding, FindingKind
 from kvcanary.harness.record.observation import Observation
 from kvcanary.harness.record.ttft_model import TtftModel
@@ -100,9 +100,6 @@ class DefersJudgement(Protocol):
     def is_deferred(self, request_id: str) -> bool: ...
 
 
-_Z25 = 0.6745
-"""-z of the 25th percentile of a normal distribution."""
-_Z25_MINUS_Z05 = 1.6449 - 0.6745
 _REFIT_GROWTH = 1.25
 
 
@@ -305,22 +302,13 @@ class TimingDetector:
         if np.unique(x).size < 2:  # a slope needs two prompt lengths; wait for more traffic
             self._fitted_at = 0 if self._model is None else self._fitted_at
             return
-        result = siegelslopes(y, x)
-        slope = max(float(result.slope), 0.0)
-        low = float(theilslopes(y, x, alpha=0.99).low_slope)
-        intercept, scale = _uncontended_center_and_scale(y - slope * x)
-        delays = y - slope * x - intercept
-        self._max_delay_ms = max(float(delays.max()), 0.0)
-        self._model = TtftModel(
-            ms_per_token_low=max(0.0, min(low, slope)),
-            intercept_ms=intercept,
-            ms_per_token=slope,
-            scale_ms=max(scale, self.min_scale_ms),
-            num_samples=int(x.size),
+        self._model, self._max_delay_ms = fit_ttft(
+            x,
+            y,
             num_sigmas=self.num_sigmas,
             fraction=self.fraction,
             min_prefill_ms=self.min_prefill_ms,
-            contention_ms=max(float(np.quantile(delays, self.contention_quantile)), 0.0),
+            min_scale_ms=self.min_scale_ms,
             contention_quantile=self.contention_quantile,
         )
 
@@ -372,14 +360,13 @@ def _finding(c: _Candidate, model: TtftModel, when: str) -> Finding:
         f"first token after {c.ttft_ms:.1f} ms, but a real prefill takes about "
         f"{predicted:.1f} ms (flagged below {threshold:.1f} ms): the prompt was not prefilled"
     )
-    return Finding(
-        kind=FindingKind.FAST_PREFILL,
-        severity=FindingKind.FAST_PREFILL.severity,
-        detector=DETECTOR,
-        request_id=c.request_id,
-        tenant=c.tenant,
-        summary=summary,
-        details={
+    return Finding.on_request(
+        FindingKind.FAST_PREFILL,
+        DETECTOR,
+        c.request_id,
+        c.tenant,
+        summary,
+        {
             "ttft_ms": c.ttft_ms,
             "predicted_ms": predicted,
             "lower_bound_ms": model.lower_bound(c.num_prompt_tokens),
@@ -393,17 +380,3 @@ def _finding(c: _Candidate, model: TtftModel, when: str) -> Finding:
             "model": model.to_dict(),
         },
     )
-
-
-def _uncontended_center_and_scale(residuals: np.ndarray) -> tuple[float, float]:
-    """Center and spread of the fastest responses, read from the residuals' low quantiles.
-
-    Contention adds delay to some responses and never removes any, so the low quantiles
-    belong to the undelayed population. Scale: (Q25 - Q05) / (z25 - z05); center: Q25 plus
-    0.6745 scales. For noise without contention they equal the median and the usual sigma;
-    with a fraction u >= 1/4 of responses undelayed they overstate the spread (by at most
-    ~1.5x at u = 0.4), which only makes the rule more conservative.
-    """
-    q05, q25 = np.quantile(residuals, [0.05, 0.25])
-    scale = float(q25 - q05) / _Z25_MINUS_Z05
-    return float(q25) + _Z25 * scale, scale

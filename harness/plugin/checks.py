@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal
 import pandas as pd
 
 from kvcanary.harness.record.finding import Finding, FindingKind
+from kvcanary.harness.record.verdict import Verdict
 
 if TYPE_CHECKING:
     from kvcanary.harness.plugin.target import WorkloadResult
@@ -367,7 +368,7 @@ def no_shared_prefix_cache(run: WorkloadResult) -> CheckOutcome:
     if probe is None:
         return _failed("inconclusive: the run ended before the cache probe reached a verdict", run)
     reasons = "; ".join(str(r) for r in probe.details.get("assessment", {}).get("reasons", ()))
-    if probe.verdict == "clean":
+    if probe.verdict == Verdict.CLEAN:
         return _passed(reasons, run)
     return _skipped(f"isolation unverifiable: {reasons}", run)
 

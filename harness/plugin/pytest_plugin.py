@@ -15,6 +15,8 @@ Registered as the `kvcanary` entry point of `pytest11`, so installing kvcanary i
     suite      `--kvcanary-suite` adds `harness.plugin.suite` (nine checks) under node id
                `kvcanary`, as ordinary test items: -k, -x, --junitxml all apply
     summary    a `kvcanary` section at the end: every run's verdict, findings, report path
+    preflight  at session start, a key variable that is not set or a target that does not
+               answer is one usage error (exit 4) before any test (`harness.plugin.preflight`)
 
 Start-up stays cheap on purpose: at import this module touches only `harness.run.options` and
 `harness.run.option_flags` (data and argparse helpers). The target, the session runner, pandas
@@ -28,7 +30,7 @@ import argparse
 from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import pytest
 
@@ -93,6 +95,25 @@ def pytest_configure(config: pytest.Config) -> None:
         _target(config)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A target that cannot be used (a key variable unset, no answer) is one usage error now,
+    before the session's header, not the same failure in every kvcanary test."""
+    config = session.config
+    if not _given_settings(config) or hasattr(config, "workerinput") or config.option.collectonly:
+        return  # nothing configured; an xdist worker (its controller checked); nothing runs
+    target = _target(config)
+    if not target.configured:
+        return
+    from kvcanary.canaries.errors import KvcanaryError
+    from kvcanary.harness.plugin.preflight import preflight
+
+    try:
+        preflight(target.config)
+    except KvcanaryError as exc:
+        raise pytest.UsageError(f"kvcanary: {exc}") from None
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     target = config.stash.get(_TARGET_KEY, None)
     if target is not None:
@@ -153,7 +174,7 @@ def kvcanary_target(pytestconfig: pytest.Config) -> Iterator[TargetUnderTest]:
     try:
         target.start()
     except KvcanaryError as exc:
-        pytest.fail(f"kvcanary: {exc}", pytrace=False)
+        fail_plainly(f"kvcanary: {exc}")
     yield target
     target.close()
 
@@ -183,7 +204,7 @@ def kvcanary_canaries(pytestconfig: pytest.Config, kvcanary_tenants: list[Tenant
             strict_page_size=config.strict_page_size,
         )
     except ConfigError as exc:
-        pytest.fail(f"kvcanary: {exc}", pytrace=False)
+        fail_plainly(f"kvcanary: {exc}")
 
 
 @pytest.fixture
@@ -198,9 +219,15 @@ def kvcanary_run(kvcanary_target: TargetUnderTest, request: pytest.FixtureReques
         try:
             return kvcanary_target.run(request.node.name, **overrides)
         except KvcanaryError as exc:
-            pytest.fail(f"kvcanary: {exc}", pytrace=False)
+            fail_plainly(f"kvcanary: {exc}")
 
     return run
+
+
+def fail_plainly(message: str) -> NoReturn:
+    """Fail the current test with `message` alone: no traceback, and none of the exceptions
+    being handled chained before it (pytest would print each one's message first)."""
+    raise pytest.fail.Exception(message, pytrace=False) from None
 
 
 # -- settings ----------------------------------------------------------------------------------

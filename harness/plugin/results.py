@@ -12,6 +12,7 @@ import pandas as pd
 from kvcanary.harness.plugin.checklist import Check
 from kvcanary.harness.plugin.checks import CheckOutcome
 from kvcanary.harness.record.finding import Finding
+from kvcanary.harness.record.outputs import HTML_NAME
 
 MAX_FINDINGS_SHOWN = 5
 """A failure lists this many findings in full and counts the rest (the report has all)."""
@@ -29,7 +30,7 @@ def describe(check: Check, outcome: CheckOutcome) -> str:
     if len(outcome.findings) > MAX_FINDINGS_SHOWN:
         lines.append(f"  ... and {len(outcome.findings) - MAX_FINDINGS_SHOWN} more finding(s)")
     if outcome.out_dir is not None:
-        lines.append(f"  report: {outcome.out_dir / 'report.html'}")
+        lines.append(f"  report: {outcome.out_dir / HTML_NAME}")
     return "\n".join(lines)
 
 

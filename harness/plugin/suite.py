@@ -20,10 +20,12 @@ import pytest
 from kvcanary.canaries.errors import KvcanaryError
 from kvcanary.harness.plugin.checklist import CHECKS_BY_NAME, Check
 from kvcanary.harness.plugin.checks import CheckOutcome
+from kvcanary.harness.plugin.pytest_plugin import fail_plainly
 from kvcanary.harness.plugin.results import describe
 from kvcanary.harness.plugin.target import SuiteEvidence, TargetUnderTest
 
 pytestmark = pytest.mark.kvcanary
+REASON_PROPERTY = "kvcanary_reason"
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +36,12 @@ def kvcanary_suite(kvcanary_target: TargetUnderTest) -> SuiteEvidence:
 
 @pytest.fixture
 def kvcanary_check(
-    kvcanary_suite: SuiteEvidence, record_property: Callable[[str, object], None]
+    kvcanary_suite: SuiteEvidence, request: pytest.FixtureRequest
 ) -> Callable[[str], None]:
     """Decide one check by name; fail with its findings, or skip with its reason.
 
-    The reason also goes into the JUnit XML as the test case's `kvcanary_reason` property,
-    so a passing check says there what it saw.
+    The reason also goes into the JUnit XML (`record_reason`), so a passing check says there
+    what it saw.
     """
 
     def decide(name: str) -> None:
@@ -47,13 +49,25 @@ def kvcanary_check(
         try:
             evidence = kvcanary_suite.get(check.evidence)
         except KvcanaryError as exc:
-            pytest.fail(f"kvcanary check {check.number} could not run: {exc}", pytrace=False)
+            fail_plainly(f"kvcanary check {check.number} could not run: {exc}")
         outcome = check(evidence)
         kvcanary_suite.target.checks.append((check, outcome))
-        record_property("kvcanary_reason", outcome.reason)
+        record_reason(request, outcome.reason)
         report(check, outcome)
 
     return decide
+
+
+def record_reason(request: pytest.FixtureRequest, reason: str) -> None:
+    """The check's reason in the JUnit XML, where its family allows: the test case's property
+    `kvcanary_reason` for xunit1 (and `legacy`); for xunit2 (pytest's default), whose schema
+    has no test case properties, the test suite's property `kvcanary_reason.<test name>`."""
+    config = request.config
+    if getattr(config.option, "xmlpath", None) and config.getini("junit_family") == "xunit2":
+        suite_property = request.getfixturevalue("record_testsuite_property")
+        suite_property(f"{REASON_PROPERTY}.{request.node.name}", reason)
+    else:  # what `record_property` does, without its warning for xunit2
+        request.node.user_properties.append((REASON_PROPERTY, reason))
 
 
 def report(check: Check, outcome: CheckOutcome) -> None:
@@ -61,7 +75,7 @@ def report(check: Check, outcome: CheckOutcome) -> None:
     if outcome.status == "skipped":
         pytest.skip(f"kvcanary check {check.number}: {outcome.reason}")
     if outcome.status == "failed":
-        pytest.fail(describe(check, outcome), pytrace=False)
+        fail_plainly(describe(check, outcome))
 
 
 def test_1_over_pool_prompts_are_rejected(kvcanary_check: Callable[[str], None]) -> None:

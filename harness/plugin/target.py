@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kvcanary.canaries.errors import ConfigError, KvcanaryError, RunIncomplete
 from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.outputs import HTML_NAME, SUMMARY_NAME
 from kvcanary.harness.run.config import DEFAULT_CONCURRENCY, Layer, RunConfig, coerce_values, merge
 from kvcanary.harness.run.options import OPTIONS_BY_NAME, options_for
 
@@ -76,7 +77,7 @@ class WorkloadResult:
     label: str
     out_dir: Path
     verdict: str
-    """`leak`, `clean` or `inconclusive` (summary.json's verdict)."""
+    """`leak`, `unsafe`, `clean` or `inconclusive` (summary.json's verdict)."""
     reasons: tuple[str, ...]
     summary: dict[str, Any]
     """summary.json as a dict."""
@@ -96,7 +97,7 @@ class WorkloadResult:
 
     @property
     def report(self) -> Path:
-        return self.out_dir / "report.html"
+        return self.out_dir / HTML_NAME
 
 
 class TargetUnderTest:
@@ -288,7 +289,7 @@ def read_result(out_dir: Path, *, label: str, verdict: str, ended: str) -> Workl
         elif isinstance(event, ProbeFinished):
             probes[event.probe] = event
     frames = load_frames(out_dir)
-    summary_path = out_dir / "summary.json"
+    summary_path = out_dir / SUMMARY_NAME
     if summary_path.exists():
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     else:  # its renderer failed; the same document, computed here

@@ -15,9 +15,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvcanary.canaries.span import CanarySpan
-from kvcanary.harness.record.finding import Finding, FindingKind, Severity
-from kvcanary.harness.record.observation import Observation, Usage
+from kvcanary.harness.record.decoding import RecordError, build, convert
+from kvcanary.harness.record.finding import Finding
+from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.record.plan_line import PlanLine, plan_of, plan_record
 from kvcanary.tenants.plan import RequestPlan
 
 SCHEMA_VERSION = 1
@@ -34,6 +35,10 @@ class Limits:
     """`flags`, `sglang:/get_server_info`, `openai:/v1/models`, `engine`, ..."""
     max_input_tokens: int | None = None
     """The target's own input limit (SGLang max_req_input_len), where it reports one."""
+    max_tokens_policy: str | None = None
+    """What the engine does with a prompt that fits the context when prompt + max_tokens
+    does not: `reject` (vLLM, SGLang, OpenAI: HTTP 400) or `stop` (llama.cpp: it answers
+    until the context is full); None where unknown (`harness.target.engine_shapes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +148,23 @@ class TargetUnhealthy:
     """The first failed request ("" when the health route saw it before any request)."""
     last_error: str | None
     source: str = "requests"
-    """What showed it: `requests` (failed requests in a row) or `health` (the target's
-    `/health` route failed, `harness.target.health_route`)."""
+    """What showed it: `requests` (failed requests in a row) or `health` (requests that
+    timed out while the target's `/health` route failed too: they stopped completing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRouteFailed:
+    """The target's `/health` route failed `num_polls` polls in a row while the run went on.
+    Recorded, not judged: whether the target serves is decided by its requests
+    (`harness.run.health`); a route slow under load is common (llama.cpp's)."""
+
+    t_wall: float
+    since_t_wall: float
+    """When the first failed poll of the run of failures was made."""
+    num_polls: int
+    last_error: str
+    num_served_since: int = 0
+    """Requests answered while the route was failing, up to `t_wall`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +198,10 @@ Event = (
     | TimingFitted
     | TargetUnhealthy
     | TargetServing
+    | HealthRouteFailed
 )
 
-_TYPE_OF: dict[type, str] = {
+RECORD_TYPES: dict[type, str] = {
     RunStarted: "run_started",
     PhaseStarted: "phase",
     PlanRecorded: "plan",
@@ -192,61 +213,77 @@ _TYPE_OF: dict[type, str] = {
     TimingFitted: "timing_fitted",
     TargetUnhealthy: "target_unhealthy",
     TargetServing: "target_serving",
+    HealthRouteFailed: "health_route_failed",
 }
+"""Each event's record `type`, the first key of its journal line."""
+_EVENT_OF = {name: event_type for event_type, name in RECORD_TYPES.items()}
+PLAN_RECORD = RECORD_TYPES[PlanRecorded]
+OBSERVATION_RECORD = RECORD_TYPES[ObservationRecorded]
+RECORD_BODIES: dict[str, type] = {PLAN_RECORD: PlanLine, OBSERVATION_RECORD: Observation}
+"""The dataclass whose fields are a request record's body (a plan's: `plan_line.PlanLine`,
+without its prompt, its canaries packed); `request_id`, their first field, follows `type`
+in every such line."""
+assert all(dataclasses.fields(body)[0].name == "request_id" for body in RECORD_BODIES.values())
 
 
 def to_record(event: Event) -> dict[str, Any]:
-    """The JSON-ready dict for one event. Plans are journaled without their prompt text."""
-    kind = _TYPE_OF[type(event)]
+    """The JSON-ready dict for one event. Plans are journaled without their prompt text and
+    with their canaries packed (`plan_line`). Built field by field (`plain`), not with
+    `dataclasses.asdict`, which deep-copies everything it meets."""
+    kind = RECORD_TYPES[type(event)]
     if isinstance(event, PlanRecorded):
-        body = dataclasses.asdict(event.plan)
-        body.pop("prompt")
-        body["canaries"] = [dataclasses.asdict(c) for c in event.plan.canaries]
-        return {"type": kind, **body}
+        return {"type": kind, **plan_record(event.plan)}
     if isinstance(event, ObservationRecorded):
-        return {"type": kind, **dataclasses.asdict(event.observation)}
+        return {"type": kind, **plain(event.observation)}
     if isinstance(event, FindingRecorded):
-        body = dataclasses.asdict(event.finding)
+        body = plain(event.finding)
         body["kind"] = str(event.finding.kind)
         body["severity"] = str(event.finding.severity)
         return {"type": kind, "t_wall": event.t_wall, **body}
-    return {"type": kind, **dataclasses.asdict(event)}
+    return {"type": kind, **plain(event)}
 
 
-def from_record(record: dict[str, Any]) -> Event:
-    """Rebuild an event from its journal record (the inverse of `to_record`)."""
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def plain(value: Any) -> Any:
+    """`value` with every dataclass in it a dict of its fields (what `asdict` gives), lists
+    and dicts copied only where they hold one: a journal record's values, built once."""
+    if isinstance(value, _ATOMS):
+        return value
+    kind = type(value)
+    names = _FIELD_NAMES.get(kind)
+    if names is None and dataclasses.is_dataclass(value):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(kind))
+    if names is not None:
+        return {name: plain(getattr(value, name)) for name in names}
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return value
+
+
+def from_record(record: dict[str, Any], unknown: set[str] | None = None) -> Event:
+    """Rebuild an event from its journal record (the inverse of `to_record`).
+
+    Every value is checked against its declaration (`harness.record.decoding`): a record
+    that does not match raises `RecordError`. Fields this version does not declare are
+    dropped and their dotted names added to `unknown`: the record is kept.
+    """
+    unknown = set() if unknown is None else unknown
     body = dict(record)
-    kind = body.pop("type")
-    if kind == "plan":
-        body["canaries"] = tuple(CanarySpan(**c) for c in body.get("canaries", ()))
-        return PlanRecorded(RequestPlan(prompt="", **body))
-    if kind == "observation":
-        body["usage"] = Usage(**(body.get("usage") or {}))
-        return ObservationRecorded(Observation(**body))
-    if kind == "finding":
-        t_wall = body.pop("t_wall")
-        body["kind"] = FindingKind(body["kind"])
-        body["severity"] = Severity(body["severity"])
-        if body.get("offsets") is not None:
-            body["offsets"] = tuple(body["offsets"])
-        return FindingRecorded(Finding(**body), t_wall=t_wall)
-    if kind == "own_echo":
-        body["markers"] = tuple(body["markers"])
-        return OwnEchoRecorded(**body)
-    if kind == "run_started":
-        body["limits"] = Limits(**body["limits"])
-        body["tenants"] = tuple(body["tenants"])
-        return RunStarted(**body)
-    if kind == "phase":
-        return PhaseStarted(**body)
-    if kind == "run_finished":
-        return RunFinished(**body)
-    if kind == "probe_finished":
-        return ProbeFinished(**body)
-    if kind == "timing_fitted":
-        return TimingFitted(**body)
-    if kind == "target_unhealthy":
-        return TargetUnhealthy(**body)
-    if kind == "target_serving":
-        return TargetServing(**body)
-    raise ValueError(f"unknown journal record type {kind!r}")
+    kind = body.pop("type", None)
+    event_type = _EVENT_OF.get(kind) if isinstance(kind, str) else None
+    if event_type is None:
+        raise RecordError(f"unknown record type {str(kind)[:40]!r} (from a newer kvcanary?)")
+    if event_type is PlanRecorded:
+        return PlanRecorded(plan_of(build(PlanLine, body, kind, unknown)))
+    if event_type is ObservationRecorded:
+        return ObservationRecorded(build(Observation, body, kind, unknown))
+    if event_type is FindingRecorded:
+        t_wall = convert(float, body.pop("t_wall", None), f"{kind}.t_wall", unknown)
+        return FindingRecorded(build(Finding, body, kind, unknown), t_wall=t_wall)
+    event: Event = build(event_type, body, kind, unknown)
+    return event

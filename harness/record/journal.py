@@ -33,19 +33,17 @@ and who consumes them (reports, the progress display).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import threading
 import time
 import warnings
 from collections.abc import Iterator
-from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.record.decoding import RecordError, UnknownFields
 from kvcanary.harness.record.events import (
     SCHEMA_VERSION,
     Event,
@@ -54,10 +52,20 @@ from kvcanary.harness.record.events import (
     RunFinished,
     RunStarted,
     from_record,
-    to_record,
+)
+from kvcanary.harness.record.line_encoding import RECORD_START as RECORD_START
+from kvcanary.harness.record.line_encoding import (
+    REQUEST_LINE_PREFIXES as REQUEST_LINE_PREFIXES,
+)
+from kvcanary.harness.record.line_encoding import encode_event as encode_event
+from kvcanary.harness.record.outputs import JOURNAL_NAME as JOURNAL_NAME
+from kvcanary.harness.record.segments import (
+    COMPRESSED_SUFFIX,
+    fsync_dir,
+    is_compressed,
+    open_segment,
 )
 
-JOURNAL_NAME = "journal.jsonl"
 _FILE_MODE = 0o600
 _DIR_MODE = 0o700
 _SEGMENT_DIGITS = 4
@@ -67,39 +75,6 @@ _DURABLE_NOW = (RunStarted, PhaseStarted, FindingRecorded, RunFinished)
 
 class JournalWarning(UserWarning):
     """A journal line was skipped while reading (torn, corrupt, or from a newer version)."""
-
-
-def encode_event(event: Event) -> bytes:
-    """One journal line (with its newline) for `event`: ASCII-only, strict JSON."""
-    record = to_record(event)
-    try:
-        text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=_json_default)
-    except ValueError:  # a NaN/inf somewhere (e.g. a detector's detail): strict JSON has none
-        text = json.dumps(
-            _finite(record), separators=(",", ":"), allow_nan=False, default=_json_default
-        )
-    # ensure_ascii (the default) keeps lone surrogates from a broken stream representable.
-    return text.encode("ascii") + b"\n"
-
-
-def _json_default(value: object) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
-    raise TypeError(f"journal cannot serialise {type(value).__name__}: {value!r}")
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
 
 
 class JournalWriter:
@@ -231,7 +206,7 @@ class JournalWriter:
             f"{_stem(self.path)}.{number:0{_SEGMENT_DIGITS}d}{self.path.suffix}"
         )
         os.rename(self.path, target)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self._open_current()
         return target
 
@@ -249,30 +224,33 @@ def _last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _stem(path: Path) -> str:
     return path.name[: -len(path.suffix)] if path.suffix else path.name
 
 
 def _numbered_segments(current: Path) -> list[tuple[int, Path]]:
+    """(number, path) of the closed segments, plain or compressed (`harness.record.segments`;
+    the plain one where a crash left both)."""
     if not current.parent.is_dir():
         return []
     pattern = re.compile(
-        rf"^{re.escape(_stem(current))}\.(\d{{{_SEGMENT_DIGITS},}}){re.escape(current.suffix)}$"
+        rf"^{re.escape(_stem(current))}\.(\d{{{_SEGMENT_DIGITS},}}){re.escape(current.suffix)}"
+        rf"(?:{re.escape(COMPRESSED_SUFFIX)})?$"
     )
-    found = []
+    found: dict[int, Path] = {}
     for child in current.parent.iterdir():
         match = pattern.match(child.name)
         if match and child.is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+            number = int(match.group(1))
+            if number not in found or not is_compressed(child):
+                found[number] = child
+    return sorted(found.items())
+
+
+def closed_segments(run_dir_or_path: Path | str) -> list[tuple[int, Path]]:
+    """(number, path) of a journal's closed (rotated) segments, in reading order."""
+    path = Path(run_dir_or_path)
+    return _numbered_segments(path / JOURNAL_NAME if path.is_dir() else path)
 
 
 def journal_segments(run_dir_or_path: Path | str) -> list[Path]:
@@ -289,20 +267,27 @@ def journal_segments(run_dir_or_path: Path | str) -> list[Path]:
     return segments
 
 
-def read_journal(run_dir_or_path: Path | str) -> Iterator[Event]:
-    """Yield every event of a journal, all segments in order, skipping damage with a warning.
+def read_journal(run_dir_or_path: Path | str, *, after: int = 0) -> Iterator[Event]:
+    """Yield every event of a journal, all segments in order, skipping damage with a warning;
+    with `after`, only those of the segments numbered above it and of the current one.
 
-    Raises `ConfigError` if there is no journal there at all; never raises on its content.
+    A record with fields this version does not know is kept (they are dropped), with one
+    warning per unknown field name for the whole journal. Raises `ConfigError` if there is
+    no journal there at all; never raises on its content.
     """
     segments = journal_segments(run_dir_or_path)
     if not segments:
         raise ConfigError(f"no journal found at {run_dir_or_path} (expected {JOURNAL_NAME})")
+    if after:
+        skipped = {path for number, path in closed_segments(run_dir_or_path) if number <= after}
+        segments = [segment for segment in segments if segment not in skipped]
+    unknown = UnknownFields()
     for index, segment in enumerate(segments):
-        yield from _read_segment(segment, is_last_segment=index == len(segments) - 1)
+        yield from _read_segment(segment, unknown, is_last_segment=index == len(segments) - 1)
 
 
-def _read_segment(path: Path, *, is_last_segment: bool) -> Iterator[Event]:
-    with path.open("rb") as f:
+def _read_segment(path: Path, unknown: UnknownFields, *, is_last_segment: bool) -> Iterator[Event]:
+    with open_segment(path) as f:
         lines = iter(f)
         line_no = 0
         pending = next(lines, None)
@@ -310,9 +295,10 @@ def _read_segment(path: Path, *, is_last_segment: bool) -> Iterator[Event]:
             line_no += 1
             following = next(lines, None)
             torn = not pending.endswith(b"\n")
-            event = _parse_line(
+            event = parse_line(
                 pending,
                 where=f"{path.name}:{line_no}",
+                unknown=unknown,
                 torn_tail=torn and following is None and is_last_segment,
             )
             if event is not None:
@@ -320,35 +306,41 @@ def _read_segment(path: Path, *, is_last_segment: bool) -> Iterator[Event]:
             pending = following
 
 
-def _parse_line(raw: bytes, *, where: str, torn_tail: bool) -> Event | None:
+def parse_line(
+    raw: bytes, *, where: str, unknown: UnknownFields, torn_tail: bool = False
+) -> Event | None:
+    """The event of one journal line, or None (with a warning) for a line that is not one."""
     if not raw.strip():
         return None
     try:
         record = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         if torn_tail:
-            _warn(f"{where}: skipped a truncated last line (the run was killed mid-write)")
+            warn_journal(f"{where}: skipped a truncated last line (the run was killed mid-write)")
         else:
-            _warn(f"{where}: skipped a corrupt line ({len(raw)} bytes)")
+            warn_journal(f"{where}: skipped a corrupt line ({len(raw)} bytes)")
         return None
     if not isinstance(record, dict) or not isinstance(record.get("type"), str):
-        _warn(f"{where}: skipped a line that is not a journal record")
+        warn_journal(f"{where}: skipped a line that is not a journal record")
         return None
+    names: set[str] = set()
     try:
-        event = from_record(record)
-    except (ValueError, TypeError, KeyError) as exc:
-        _warn(
-            f"{where}: skipped a {record['type']!r} record this version does not understand "
-            f"(written by a newer kvcanary?): {exc}"
+        event = from_record(record, names)
+    except RecordError as exc:
+        warn_journal(
+            f"{where}: skipped a {record['type'][:40]!r} record this version cannot read: {exc}"
         )
         return None
+    unknown.note(names, where)
+    unknown.warn(warn_journal)
     if isinstance(event, RunStarted) and event.schema > SCHEMA_VERSION:
-        _warn(
+        warn_journal(
             f"{where}: journal schema {event.schema} is newer than this kvcanary's "
             f"({SCHEMA_VERSION}); unknown records will be skipped"
         )
     return event
 
 
-def _warn(message: str) -> None:
+def warn_journal(message: str) -> None:
+    """Say a `JournalWarning` (what a reader skipped or dropped, and where)."""
     warnings.warn(message, JournalWarning, stacklevel=3)

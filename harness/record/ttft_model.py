@@ -9,6 +9,7 @@ This module knows the arithmetic of the rule; it does not fit anything.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -168,20 +169,45 @@ class TtftModel:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TtftModel:
-        """The model `to_dict` wrote (derived entries such as `rule` are ignored)."""
-        return cls(
-            intercept_ms=float(values["intercept_ms"]),
-            ms_per_token=float(values["ms_per_token"]),
-            scale_ms=float(values["scale_ms"]),
-            num_samples=int(values["num_samples"]),
-            num_sigmas=float(values["num_sigmas"]),
-            fraction=float(values["fraction"]),
-            min_prefill_ms=float(values["min_prefill_ms"]),
-            method=str(values.get("method", "siegelslopes")),
-            ms_per_token_low=_optional_float(values.get("ms_per_token_low")),
-            contention_ms=float(values.get("contention_ms", 0.0)),
-            contention_quantile=float(values.get("contention_quantile", 0.9)),
-        )
+        """The model `to_dict` wrote (derived entries such as `rule` are ignored); a
+        `ValueError` for anything else (a journal is input: it may be damaged)."""
+        try:
+            model = cls(
+                intercept_ms=float(values["intercept_ms"]),
+                ms_per_token=float(values["ms_per_token"]),
+                scale_ms=float(values["scale_ms"]),
+                num_samples=int(values["num_samples"]),
+                num_sigmas=float(values["num_sigmas"]),
+                fraction=float(values["fraction"]),
+                min_prefill_ms=float(values["min_prefill_ms"]),
+                method=str(values.get("method", "siegelslopes")),
+                ms_per_token_low=_optional_float(values.get("ms_per_token_low")),
+                contention_ms=float(values.get("contention_ms", 0.0)),
+                contention_quantile=float(values.get("contention_quantile", 0.9)),
+            )
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"not a TTFT model: {type(exc).__name__}: {exc}") from None
+        model.check()
+        return model
+
+    def check(self) -> None:
+        """`ValueError` unless every figure is finite and in the range a fit gives."""
+        figures = [self.intercept_ms, self.ms_per_token, self.scale_ms, self.num_sigmas]
+        figures += [self.fraction, self.min_prefill_ms, self.contention_ms, self.slope_low]
+        if not all(math.isfinite(figure) for figure in figures):
+            raise ValueError("not a TTFT model: a figure is not finite")
+        if not (
+            0 < self.fraction < 1
+            and self.num_sigmas > 0
+            and self.scale_ms > 0
+            and self.ms_per_token >= 0
+            and self.slope_low >= 0
+            and self.min_prefill_ms >= 0
+            and self.contention_ms >= 0
+            and 0.5 <= self.contention_quantile <= 1
+            and self.num_samples >= 0
+        ):
+            raise ValueError("not a TTFT model: a figure is out of range")
 
     def to_dict(self) -> dict[str, float | int | str]:
         """Plain values for summary.json and reports."""

@@ -78,6 +78,10 @@ class CanaryFactory:
                 "kvcanary_canaries needs a local tokenizer (a tiktoken name or a "
                 "tokenizer.json path), not --kvcanary-tokenizer=server"
             )
+        if tokenizer == "auto":  # no target to ask here: `auto`'s own fallback
+            from kvcanary.harness.target.tokenizer import FALLBACK_TOKENIZER
+
+            tokenizer = FALLBACK_TOKENIZER
         try:
             loaded = load_tokenizer(tokenizer)
         except CanaryError as exc:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.run.option_values import MAX_TENANTS
 from kvcanary.harness.run.options import (
-    EXCLUSIVE,
     OPTIONS_BY_NAME,
     Option,
     Scope,
@@ -33,6 +33,10 @@ from kvcanary.harness.run.options import (
 from kvcanary.tenants.cost import CostBudget, Prices
 
 Command = Literal["run", "soak"]
+
+EXCLUSIVE: tuple[tuple[str, str], ...] = (("requests", "duration"), ("concurrency", "rate"))
+"""Pairs of which one source may name only one side; a higher source naming either side
+replaces the whole pair from lower sources (see `harness.run.config.merge`)."""
 
 DEFAULT_NUM_REQUESTS = 60
 DEFAULT_CONCURRENCY = 8
@@ -75,6 +79,7 @@ class RunConfig:
     profile: str = _default("profile")
     seed: int | None = _default("seed")
     timeout: float = _default("timeout")
+    health_timeout: float = _default("health_timeout")
     http_backend: Literal["aiohttp", "httpx"] = _default("http_backend")
     out: str | None = _default("out")
     keep_raw_evidence: bool = _default("keep_raw_evidence")
@@ -86,6 +91,7 @@ class RunConfig:
     cache_probe_salts: bool = _default("cache_probe_salts")
     report_every: float = _default("report_every")
     rotate_every: float = _default("rotate_every")
+    keep_journal: str | None = _default("keep_journal")
     force: bool = _default("force")
     ray: str | None = _default("ray")
     max_requests: int | None = _default("max_requests")
@@ -105,6 +111,8 @@ class RunConfig:
             raise ConfigError("kvcanary soak needs --duration (e.g. --duration 8h)")
         if self.tenants < 2:
             raise ConfigError("--tenants must be at least 2: a cross-tenant leak needs two")
+        if self.tenants > MAX_TENANTS:
+            raise ConfigError(f"--tenants must be at most {MAX_TENANTS}, got {self.tenants}")
         if self.target is not None and (
             self.engine_fix
             or self.engine_preset != _default("engine_preset")
@@ -256,6 +264,8 @@ def _read_table(path: Path, table: str, body: dict[str, Any], command: Command) 
         if option is None or not option.in_file:
             raise ConfigError(f"config file {path}: unknown key `{key}` in [{table}]")
         if command not in option.scopes:
+            if table == "run" and "run" in option.scopes:
+                continue  # [run] is shared by run and soak: a run-only key is for `run`
             raise ConfigError(
                 f"config file {path}: `{key}` in [{table}] applies only to {_takers(option)}"
             )

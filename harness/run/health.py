@@ -1,4 +1,4 @@
-"""Target health: noticing that a target stopped serving in the middle of a run.
+"""Target health: noticing, from its requests, that a target stopped serving mid-run.
 
 A target whose worker died (transformers serve answered every request after an over-long
 prompt with `503 CB worker is dead`) otherwise looks like a run with a few findings: every
@@ -15,27 +15,34 @@ After at least one served request, `threshold` failed requests in a row make a
 `TargetServing` with how many failed meanwhile.
 
 The target's own health route (`harness.target.health_route`), where it has one, is polled
-alongside: `HEALTH_THRESHOLD` failed polls in a row make the same declaration (`source`
-"health", `num_failed` the requests failed meanwhile, often 0: the route saw it first), and
-a served request or a passing poll ends it. What was not tested after that point is the
-report's business (verdict inconclusive); findings already made still stand.
+alongside, but it is a witness, not a judge: llama.cpp's `/health` does not answer while its
+slots compute, and a single-process server under load answers it late, while every request
+is answered. `HEALTH_THRESHOLD` failed polls in a row are recorded once (`HealthRouteFailed`,
+with the requests served meanwhile) and never declare anything by themselves. While its
+last poll failed, a request that times out counts as failed (source `health`): two
+witnesses agree that requests stopped completing. A passing poll ends that.
 
 It knows nothing about HTTP or the journal; the runner feeds it and emits what it returns.
 """
 
 from __future__ import annotations
 
-from kvcanary.harness.record.events import Event, TargetServing, TargetUnhealthy
+from kvcanary.harness.record.events import (
+    Event,
+    HealthRouteFailed,
+    TargetServing,
+    TargetUnhealthy,
+)
 from kvcanary.harness.record.observation import Observation
 
 DEFAULT_THRESHOLD = 5
 HEALTH_THRESHOLD = 2
-"""Failed health polls in a row that declare the target unhealthy (one may be a blip)."""
+"""Failed health polls in a row that are recorded as the route failing (one may be a blip)."""
 
 
 class HealthTracker:
-    """Counts failures in a row after the target has served; says when it stopped, and
-    when it came back."""
+    """Counts failed requests in a row after the target has served; says when it stopped,
+    and when it came back. Records when its health route fails, without judging by it."""
 
     def __init__(self, threshold: int = DEFAULT_THRESHOLD) -> None:
         assert threshold >= 1, threshold
@@ -45,9 +52,15 @@ class HealthTracker:
         """Whether the target is declared unhealthy now."""
         self.declared: TargetUnhealthy | None = None
         """The last declaration made, if any."""
+        self.route_failing = False
+        """Whether the health route has failed `HEALTH_THRESHOLD` polls in a row, and not
+        passed one since."""
         self._streak: list[Observation] = []
+        self._timeouts_counted = False
+        """Whether the current streak counts a timeout because the route was failing."""
         self._failed_polls: list[float] = []
         """When each health poll of the current run of failed polls was made."""
+        self._num_served_at_first_failed_poll = 0
 
     def observe(self, obs: Observation, t_wall: float) -> list[Event]:
         """The health events `obs` causes (usually none)."""
@@ -57,12 +70,14 @@ class HealthTracker:
                 events.append(TargetServing(t_wall=t_wall, num_failed=len(self._streak)))
             self.unhealthy = False
             self._streak.clear()
-            self._failed_polls.clear()
+            self._timeouts_counted = False
             self.num_served += 1
             return events
-        if not _failed(obs) or self.num_served == 0:
+        stalled = bool(self._failed_polls) and obs.error_kind == "timeout"
+        if not (_failed(obs) or stalled) or self.num_served == 0:
             return []
         self._streak.append(obs)
+        self._timeouts_counted = self._timeouts_counted or stalled
         if self.unhealthy or len(self._streak) < self.threshold:
             return []
         self.unhealthy = True
@@ -74,38 +89,35 @@ class HealthTracker:
             num_served_before=self.num_served,
             first_request_id=first.request_id,
             last_error=obs.error,
+            source="health" if self._timeouts_counted else "requests",
         )
         return [self.declared]
 
     def observe_health(self, error: str | None, t_polled: float, t_wall: float) -> list[Event]:
-        """The health events one poll of the target's health route causes: `error` is None
-        when it passed. Polls before the target has served anything declare nothing (a
-        target still starting is not a target that stopped)."""
+        """What one poll of the target's health route causes (`error` is None when it
+        passed): a `HealthRouteFailed` record once per run of failed polls, nothing else.
+        Polls before the target has served anything say nothing (it may still be starting)."""
         if error is None:
-            events: list[Event] = []
-            if self.unhealthy and self.declared is not None and self.declared.source == "health":
-                events.append(TargetServing(t_wall=t_wall, num_failed=len(self._streak)))
-                self.unhealthy = False
-                self._streak.clear()
             self._failed_polls.clear()
-            return events
+            self.route_failing = False
+            return []
         if self.num_served == 0:
             return []
+        if not self._failed_polls:
+            self._num_served_at_first_failed_poll = self.num_served
         self._failed_polls.append(t_polled)
-        if self.unhealthy or len(self._failed_polls) < HEALTH_THRESHOLD:
+        if self.route_failing or len(self._failed_polls) < HEALTH_THRESHOLD:
             return []
-        self.unhealthy = True
-        first = self._streak[0] if self._streak else None
-        self.declared = TargetUnhealthy(
-            t_wall=t_wall,
-            since_t_wall=min([self._failed_polls[0], *(o.t_wall for o in self._streak[:1])]),
-            num_failed=len(self._streak),
-            num_served_before=self.num_served,
-            first_request_id=first.request_id if first is not None else "",
-            last_error=error,
-            source="health",
-        )
-        return [self.declared]
+        self.route_failing = True
+        return [
+            HealthRouteFailed(
+                t_wall=t_wall,
+                since_t_wall=self._failed_polls[0],
+                num_polls=len(self._failed_polls),
+                last_error=error,
+                num_served_since=self.num_served - self._num_served_at_first_failed_poll,
+            )
+        ]
 
 
 def _served(obs: Observation) -> bool:

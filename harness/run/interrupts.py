@@ -1,5 +1,12 @@
 """Ctrl-C during a run: the first stops sending and lets requests in flight finish, the
-second cancels them. SIGTERM (a CI job's timeout, `kill`) is a first Ctrl-C."""
+second cancels them. SIGTERM (a CI job's timeout, `kill`) is a first Ctrl-C.
+
+Three layers, innermost first: `interrupts` while a runner or the cache probe sends (a
+graceful stop); `cancel_on_signal` around a run's whole coroutine (the task is cancelled
+where it awaits: a KeyboardInterrupt raised inside whichever task happens to run would end
+that task with an exception nobody retrieves, printed as "Task exception was never
+retrieved" at exit); `sigterm_as_interrupt` outside the event loop (KeyboardInterrupt).
+"""
 
 from __future__ import annotations
 
@@ -57,6 +64,40 @@ def interrupts(runner: Stoppable, display: ProgressDisplay) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)  # which resets to the default: put ours back
+            signal.signal(sig, handler)
+
+
+class Interrupted(Exception):
+    """The run's coroutine was cancelled by Ctrl-C or SIGTERM (`cancel_on_signal`)."""
+
+
+@contextlib.contextmanager
+def cancel_on_signal() -> Iterator[None]:
+    """Inside a run's main coroutine: Ctrl-C or SIGTERM cancels it where it awaits (its
+    cleanup runs), and it ends with `Interrupted` (an ordinary exception, which
+    `asyncio.run` hands to its caller). `interrupts` takes over inside."""
+    task = asyncio.current_task()
+    if threading.current_thread() is not threading.main_thread() or task is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    fired = False
+
+    def cancel(signum: int, frame: object) -> None:
+        nonlocal fired
+        fired = True
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            loop.call_soon_threadsafe(task.cancel)
+
+    previous = {sig: signal.signal(sig, cancel) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        raise Interrupted from None
+    finally:
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 

@@ -14,12 +14,29 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
+from kvcanary.harness.target.urls import redact_url
 from kvcanary.tenants.tenant import env_name_problem
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _URL = re.compile(r"^https?://[^/\s]+")
+MAX_DURATION_S = 366 * 86400.0
+"""The longest duration any setting takes (a year's soak); longer ones overflow clocks."""
+
+# Bounds of the registry's numbers, checked while a value is parsed (before anything is
+# sized by it).
+MAX_TENANTS = 256
+"""A canary names its tenant in 8 bits (`canaries.mint.NUM_TENANTS`)."""
+MAX_REQUESTS = 4_194_304
+"""A canary names its request in 22 bits (`canaries.mint.NUM_REQUESTS`)."""
+MAX_TOKENS = 100_000_000
+"""A pool or context larger than any deployment's; a prompt this long is ~400 MB of text."""
+MAX_CONCURRENCY = 4096
+"""Requests in flight, each its own connection."""
+MAX_BUDGET = 10**15
 
 
 def parse_duration(text: str) -> float:
@@ -38,6 +55,8 @@ def parse_duration(text: str) -> float:
             raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 10m, 8h)") from None
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"a duration must be positive, got {text!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"a duration must be at most 366d, got {text!r}")
     return seconds
 
 
@@ -53,24 +72,83 @@ def format_duration(seconds: float) -> str:
     return "".join(parts) or "0s"
 
 
-def parse_positive_int(text: str) -> int:
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_retention(text: str) -> str:
+    """A retention as the user wrote it, checked: an age (`24h`, `7d`) or a size on disk
+    (`500MB`, `20GB`)."""
+    size = _SIZE.fullmatch(text.strip())
+    if size is not None:
+        if float(size.group(1)) <= 0:
+            raise ValueError(f"expected a positive size, got {text!r}")
+        return text.strip()
     try:
-        value = int(text)
+        parse_duration(text)
     except ValueError:
-        raise ValueError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return value
+        raise ValueError(
+            f"expected an age (24h, 7d) or a size (500MB, 20GB), got {text!r}"
+        ) from None
+    return text.strip()
+
+
+def retention_limits(text: str | None) -> tuple[float | None, int | None]:
+    """(max age in seconds, max bytes) of a retention; (None, None): keep everything."""
+    if text is None:
+        return None, None
+    size = _SIZE.fullmatch(text.strip())
+    if size is not None:
+        return None, int(float(size.group(1)) * _SIZE_UNITS[size.group(2).lower()])
+    return parse_duration(text), None
+
+
+def parse_positive_int(text: str) -> int:
+    return _whole_number(text, 1, None)
 
 
 def parse_non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _whole_number(text, 0, None)
+
+
+def int_within(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """A parser of whole numbers from `low` to `high`; `why` says where the bound comes
+    from. Bounds are checked on the text's value, before anything is sized by it."""
+
+    def parse(text: str) -> int:
+        return _whole_number(text, low, high, why)
+
+    return parse
+
+
+def float_within(low: float, high: float, why: str = "") -> Callable[[str], float]:
+    """A parser of finite numbers from `low` to `high` (`1e-300` is not a rate)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"expected a number from {low:g} to {high:g}{why}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _whole_number(text: str, low: int, high: int | None, why: str = "") -> int:
+    value: int | None = None
+    if len(text.strip()) <= 30:  # int() of a very long text costs quadratic time
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+    if value is not None and value >= low and (high is None or value <= high):
+        return value
+    if value is not None and high is not None:
+        raise ValueError(f"expected a whole number from {low:,} to {high:,}{why}, got {text!r}")
+    wanted = "a positive integer" if low == 1 else f"an integer >= {low}"
+    raise ValueError(f"expected {wanted}, got {text!r}")
 
 
 def parse_positive_float(text: str) -> float:
@@ -107,9 +185,27 @@ def parse_port(text: str) -> int:
 
 
 def parse_url(text: str) -> str:
-    """An http(s) base URL, without trailing slashes (paths are joined onto it)."""
+    """An http(s) base URL, without trailing slashes (paths are joined onto it).
+
+    A URL with credentials in it (`user:password@host`) is refused, never echoed: a key is
+    given by the name of the variable that holds it (`--api-key-env`)."""
+    shown = redact_url(text)
     if not _URL.match(text):
-        raise ValueError(f"not an http(s) URL: {text!r}")
+        raise ValueError(f"not an http(s) URL: {shown!r}")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:  # a port past 65535, a broken IPv6 literal (its text is not quoted:
+        # in `http://user:pa/ss@host` the "port" is the start of a password)
+        raise ValueError(f"not a usable URL (a port of 1-65535 and a host): {shown!r}") from None
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "the URL carries credentials (user:password@host), which kvcanary never takes "
+            "from a URL: put the key in an environment variable and name it with "
+            "--api-key-env VAR"
+        )
+    if port == 0 or not parts.hostname:
+        raise ValueError(f"not a usable URL (no host, or port 0): {shown!r}")
     return text.rstrip("/")
 
 

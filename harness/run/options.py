@@ -12,126 +12,25 @@ no value syntax (`harness.run.option_values`).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final, Literal
-
-from kvcanary.harness.run.option_values import format_duration as format_duration  # one spelling
+from kvcanary.harness.run.option_spec import PLUGIN_PREFIX as PLUGIN_PREFIX
+from kvcanary.harness.run.option_spec import RUNS, Option, Scope, Variant, count, flag, urls
 from kvcanary.harness.run.option_values import (
+    MAX_BUDGET,
+    MAX_CONCURRENCY,
+    MAX_REQUESTS,
+    MAX_TENANTS,
+    MAX_TOKENS,
+    float_within,
+    int_within,
     parse_duration,
     parse_env_name,
-    parse_non_negative_int,
     parse_port,
-    parse_positive_float,
-    parse_positive_int,
     parse_prices,
+    parse_retention,
     parse_text,
     parse_url,
 )
-
-Scope = Literal["run", "soak", "plugin", "audit", "repro"]
-Action = Literal["value", "flag", "append", "optional"]
-"""`optional`: a flag that may stand alone (`--ray`, meaning `const`) or take a value."""
-
-PLUGIN_PREFIX = "--kvcanary-"
-EXCLUSIVE: tuple[tuple[str, str], ...] = (("requests", "duration"), ("concurrency", "rate"))
-"""Pairs of which one source may name only one side; a higher source naming either side
-replaces the whole pair from lower sources (see `harness.run.config.merge`)."""
-
-_RUNS: tuple[Scope, ...] = ("run", "soak", "plugin")
-
-INHERIT: Final = object()
-"""A `Variant` field left at this keeps the option's own value."""
-
-
-@dataclass(frozen=True, slots=True)
-class Variant:
-    """How an option reads in one scope where its general wording or default does not fit."""
-
-    help: str | None = None
-    default: Any = INHERIT
-    aliases: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    """One setting: how it is spelled, parsed and explained, and which commands take it."""
-
-    name: str
-    """The settings key (`pool_tokens`); flags and TOML keys are derived from it."""
-    parse: Callable[[str], Any]
-    default: Any
-    help: str
-    metavar: str | None = None
-    choices: tuple[str, ...] | None = None
-    action: Action = "value"
-    scopes: tuple[Scope, ...] = _RUNS
-    in_file: bool = True
-    """Whether a config file may set it (`config` itself may not)."""
-    aliases: tuple[str, ...] = ()
-    """Other keys that spell the same flag (`engine` for `engine_preset`, in the plugin)."""
-    variants: tuple[tuple[Scope, Variant], ...] = ()
-    const: Any = None
-    """An `optional` option's value when its flag is given without one."""
-
-    @property
-    def key(self) -> str:
-        """The TOML key: the flag without its dashes (`pool-tokens`)."""
-        return self.name.replace("_", "-")
-
-    @property
-    def cli_flag(self) -> str:
-        return f"--{self.key}"
-
-    @property
-    def plugin_flag(self) -> str:
-        return f"{PLUGIN_PREFIX}{self.key}"
-
-    def in_scope(self, scope: Scope) -> Option:
-        """This option as `scope` reads it (its `Variant` there applied)."""
-        for where, variant in self.variants:
-            if where == scope:
-                return dataclasses.replace(
-                    self,
-                    help=variant.help or self.help,
-                    default=self.default if variant.default is INHERIT else variant.default,
-                    aliases=variant.aliases or self.aliases,
-                    variants=(),
-                )
-        return self
-
-    def coerce(self, value: Any) -> Any:
-        """A parsed value from a command-line string or a TOML value; ValueError if unusable."""
-        if self.action == "flag":
-            if not isinstance(value, bool):
-                raise ValueError(f"expected true or false, got {value!r}")
-            return value
-        if self.action == "append":
-            items = value if isinstance(value, list | tuple) else [value]
-            return tuple(self.coerce_item(item) for item in items)
-        return self.coerce_item(value)
-
-    def coerce_item(self, value: Any) -> Any:
-        """One parsed value (one element, for a repeatable option)."""
-        # TOML gives ints and floats natively; booleans are never a valid number or name.
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise ValueError(f"expected a value like {self.metavar or 'TEXT'}, got {value!r}")
-        parsed = self.parse(str(value))
-        if self.choices is not None and parsed not in self.choices:
-            raise ValueError(f"expected one of {', '.join(self.choices)}, got {value!r}")
-        return parsed
-
-
-def _flag(name: str, help: str, scopes: tuple[Scope, ...] = _RUNS) -> Option:
-    """An on/off option (`--keep-raw-evidence`), off unless given."""
-    return Option(name, parse_text, False, help, action="flag", scopes=scopes)
-
-
-def _count(name: str, default: int | None, help: str, scopes: tuple[Scope, ...] = _RUNS) -> Option:
-    """A positive whole number (`--tenants N`)."""
-    return Option(name, parse_positive_int, default, help, metavar="N", scopes=scopes)
-
+from kvcanary.harness.run.option_values import format_duration as format_duration  # one spelling
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -141,7 +40,7 @@ OPTIONS: tuple[Option, ...] = (
         "Base URL of an OpenAI-compatible deployment. Without it, "
         "the bundled reference engine is started on a free loopback port.",
         metavar="URL",
-        scopes=(*_RUNS, "audit", "repro"),
+        scopes=(*RUNS, "audit", "repro"),
         variants=(
             ("plugin", Variant("Base URL of an OpenAI-compatible deployment to test.")),
             ("audit", Variant("The deployment's base URL (its router, when disaggregated).")),
@@ -154,7 +53,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Model name to send (default: the first model the target lists at /v1/models).",
         metavar="NAME",
-        scopes=(*_RUNS, "audit"),
+        scopes=(*RUNS, "audit"),
     ),
     Option(
         "api",
@@ -165,12 +64,20 @@ OPTIONS: tuple[Option, ...] = (
         metavar="chat|completions",
         choices=("chat", "completions"),
     ),
-    _count("tenants", 4, "Number of simulated tenants."),
-    _count(
+    count(
+        "tenants",
+        4,
+        "Number of simulated tenants (2 to 256).",
+        at_most=MAX_TENANTS,
+        why=" (a canary names one of 256 tenants)",
+    ),
+    count(
         "requests",
         None,
         "Stop after N requests (default 60 when --duration is not given).",
         ("run", "plugin"),
+        at_most=MAX_REQUESTS,
+        why=" (a canary names one of 4,194,304 requests)",
     ),
     Option(
         "duration",
@@ -179,39 +86,43 @@ OPTIONS: tuple[Option, ...] = (
         "Stop after this long: 30s, 10m, 8h (required for soak).",
         metavar="D",
     ),
-    _count(
+    count(
         "concurrency",
         None,
         "Closed loop: N requests in flight at all times (default without --rate: 8, or 1 "
         "for the bundled engine).",
+        at_most=MAX_CONCURRENCY,
     ),
     Option(
         "rate",
-        parse_positive_float,
+        float_within(0.001, 100_000.0),
         None,
         "Open loop: Poisson arrivals at R requests per "
         "second, on an absolute clock (lateness is recorded as queue time).",
         metavar="R",
     ),
-    _count(
+    count(
         "pool_tokens",
         None,
         "The target's KV pool size in tokens (default: ask the target).",
-        (*_RUNS, "audit"),
+        (*RUNS, "audit"),
+        at_most=MAX_TOKENS,
     ),
-    _count(
+    count(
         "context_tokens",
         None,
         "The target's context length in tokens (default: ask the target).",
-        (*_RUNS, "audit"),
+        (*RUNS, "audit"),
+        at_most=MAX_TOKENS,
     ),
-    _count(
+    count(
         "page_size",
         None,
         "KV page size in tokens: every window of this many prompt tokens holds a whole "
         "canary (default: the target's, else 16).",
+        at_most=65_536,
     ),
-    _flag(
+    flag(
         "strict_page_size",
         "Refuse to run when a canary of the tokenizer is too long for every page to hold a "
         "whole one (default: lace as densely as it allows and say which window is guaranteed).",
@@ -219,10 +130,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "tokenizer",
         parse_text,
-        "cl100k_base",
-        "Tokenizer for exact prompt lengths: a "
-        "tiktoken encoding name, a tokenizer.json path, or `server` (the target's /tokenize).",
-        metavar="NAME|server|PATH",
+        "auto",
+        "Tokenizer for exact prompt lengths: a tiktoken encoding name, a tokenizer.json path, "
+        "`server` (the target's tokenize route) or `auto`: the target's own where it serves a "
+        "tokenize route (vLLM, SGLang, llama.cpp), else cl100k_base. Calibration checks at two "
+        "prompt lengths that it counts like the target, and stops the run (exit 2) when not.",
+        metavar="NAME|server|auto|PATH",
     ),
     Option(
         "api_key_env",
@@ -231,7 +144,7 @@ OPTIONS: tuple[Option, ...] = (
         "Name of the environment variable holding the "
         "API key (the key itself is never written anywhere).",
         metavar="VAR",
-        scopes=(*_RUNS, "audit", "repro"),
+        scopes=(*RUNS, "audit", "repro"),
     ),
     Option(
         "profile",
@@ -244,7 +157,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "seed",
-        parse_non_negative_int,
+        int_within(0, 2**64 - 1),
         None,
         "Seed for prompts and arrivals; given, it also derives the canary key, so the run "
         "can be reproduced (default: random and recorded; the canary key is then random "
@@ -257,8 +170,17 @@ OPTIONS: tuple[Option, ...] = (
         120.0,
         "Per-request timeout (a whole streamed response).",
         metavar="D",
-        scopes=(*_RUNS, "audit"),
+        scopes=(*RUNS, "audit"),
         variants=(("audit", Variant("Per-request timeout, the probe included.", 30.0)),),
+    ),
+    Option(
+        "health_timeout",
+        parse_duration,
+        10.0,
+        "How long one poll of the target's /health route may take. A slow or failing route is "
+        "recorded (journal: health_route_failed), never a reason to call the run "
+        "inconclusive: whether the target serves is judged from its requests.",
+        metavar="D",
     ),
     Option(
         "http_backend",
@@ -275,7 +197,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Output directory (default ./kvcanary-runs/<UTC timestamp>).",
         metavar="DIR",
-        scopes=(*_RUNS, "repro"),
+        scopes=(*RUNS, "repro"),
     ),
     Option(
         "config",
@@ -285,11 +207,11 @@ OPTIONS: tuple[Option, ...] = (
         metavar="FILE.toml",
         in_file=False,
     ),
-    _flag(
+    flag(
         "keep_raw_evidence",
         "Keep response text verbatim in the journal "
         "and evidence (default: redacted to canary spans plus a hash).",
-        scopes=(*_RUNS, "repro"),
+        scopes=(*RUNS, "repro"),
     ),
     Option(
         "engine_preset",
@@ -321,25 +243,26 @@ OPTIONS: tuple[Option, ...] = (
         metavar="NAME",
         action="append",
     ),
-    _flag(
+    flag(
         "engine_prefix_cache",
         "Turn on the bundled engine's prefix cache (used without --target; shared by every "
         "tenant unless --engine-fix cache_salt or derive_cache_salt).",
     ),
-    _flag(
+    flag(
         "cache_probe",
         "Before the workload, run the cross-tenant prefix-cache timing probe (paired "
         "controls, KS and Mann-Whitney tests, Holm across tenant pairs): a "
         "shared_prefix_cache finding when one tenant is served from another's cache.",
         scopes=("run", "plugin"),
     ),
-    _count(
+    count(
         "cache_probe_trials",
         20,
         "Timed trials per arm of the cache probe (more for noisy targets or small effects).",
         ("run", "plugin"),
+        at_most=10_000,
     ),
-    _flag(
+    flag(
         "cache_probe_salts",
         "Give each tenant its own random cache_salt in the cache probe, which adds the "
         "spoofed-salt test (a tenant sending another tenant's salt).",
@@ -357,11 +280,20 @@ OPTIONS: tuple[Option, ...] = (
         "rotate_every",
         parse_duration,
         3600.0,
-        "Start a new journal segment this often.",
+        "Start a new journal segment this often (the closed one is gzipped).",
         metavar="D",
         scopes=("soak",),
     ),
-    _flag(
+    Option(
+        "keep_journal",
+        parse_retention,
+        None,
+        "Delete closed journal segments older than AGE (24h) or beyond SIZE in all (20GB), "
+        "oldest first, but never the first one nor one with a finding. Default: keep all.",
+        metavar="AGE|SIZE",
+        scopes=("soak",),
+    ),
+    flag(
         "force",
         "Resume into an --out whose journal belongs to a different target or seed.",
         scopes=("soak",),
@@ -378,17 +310,19 @@ OPTIONS: tuple[Option, ...] = (
         const="local",
         scopes=("run", "soak"),
     ),
-    _count(
+    count(
         "max_requests",
         None,
         "Cost guard: refuse a run that plans more than N requests; a soak stops cleanly "
         "before its (N+1)th.",
+        at_most=MAX_BUDGET,
     ),
-    _count(
+    count(
         "max_prompt_tokens",
         None,
         "Cost guard: refuse a run whose prompts add up to more than N tokens; a soak stops "
         "cleanly before it would send more.",
+        at_most=MAX_BUDGET,
     ),
     Option(
         "price_per_mtok",
@@ -400,13 +334,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_cost",
-        parse_positive_float,
+        float_within(1e-9, 1e12),
         None,
         "Cost guard: refuse a run that could cost more than AMOUNT at --price-per-mtok "
         "(completions counted at their max_tokens); a soak stops before it would.",
         metavar="AMOUNT",
     ),
-    _flag(
+    flag(
         "yes",
         "Start a run although its plan exceeds --max-requests / --max-prompt-tokens / "
         "--max-cost; it then stops cleanly when the budget is spent.",
@@ -429,31 +363,18 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PORT",
         scopes=("soak",),
     ),
-    _flag(
+    flag(
         "suite",
         "Add kvcanary's built-in check suite (the incident checklist, 9 test items).",
         scopes=("plugin",),
     ),
-    Option(
+    urls(
         "prefill",
-        parse_url,
-        (),
         "A prefill server to read directly (repeatable; replaces the sides the target lists).",
-        metavar="URL",
-        action="append",
-        scopes=("audit",),
     ),
-    Option(
-        "decode",
-        parse_url,
-        (),
-        "A decode server to read directly (repeatable).",
-        metavar="URL",
-        action="append",
-        scopes=("audit",),
-    ),
-    _flag("json", "Print the result as JSON.", scopes=("audit",)),
-    _flag(
+    urls("decode", "A decode server to read directly (repeatable)."),
+    flag("json", "Print the result as JSON.", scopes=("audit",)),
+    flag(
         "probe",
         "Send one prompt just above the smallest pool through --target; accepting it is an "
         "unsafe_accept finding.",
@@ -476,3 +397,6 @@ OPTIONS_BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
 def options_for(scope: Scope) -> tuple[Option, ...]:
     """The options `scope` takes, as it reads them."""
     return tuple(option.in_scope(scope) for option in OPTIONS if scope in option.scopes)
+
+
+__all__ = ["OPTIONS", "OPTIONS_BY_NAME", "PLUGIN_PREFIX", "Option", "Scope"]

@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import secrets
 import tempfile
-import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kvcanary.canaries.errors import ConfigError
-from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded, RunStarted
-from kvcanary.harness.record.journal import JournalWarning, journal_segments, read_journal
+from kvcanary.harness.record.journal import journal_segments
 from kvcanary.harness.run.config import RunConfig
+from kvcanary.harness.run.resume_state import ResumeState
 
 RUNS_DIR = "kvcanary-runs"
 
@@ -127,26 +125,9 @@ def target_key(settings: dict[str, Any]) -> str:
 
 
 def _resume(out_dir: Path, config: RunConfig) -> RunIdentity:
-    started: RunStarted | None = None
-    num_plans = next_request = 0
-    elapsed_s = 0.0
-    session: list[float] = []  # this session's first and last wall times
-    with warnings.catch_warnings():
-        # a torn last line is what a killed soak leaves behind: expected here
-        warnings.simplefilter("ignore", JournalWarning)
-        for event in read_journal(out_dir):
-            t_wall = _t_wall(event)
-            if isinstance(event, RunStarted):
-                started = started or event
-                elapsed_s += session[-1] - session[0] if session else 0.0
-                session = [event.t_wall]
-            elif t_wall is not None and session:
-                session[1:] = [max(t_wall, session[-1])]
-            if isinstance(event, PlanRecorded):
-                num_plans += 1
-                number = re.search(r"(\d+)$", event.plan.request_id)
-                if number is not None:
-                    next_request = max(next_request, int(number.group(1)) + 1)
+    # from the checkpoint a soak writes at each rotation and the segments after it
+    state = ResumeState.load(out_dir)
+    started = state.started
     if started is None:
         raise ConfigError(f"--out {out_dir}: its journal has no run_started record to resume")
     mismatches = []
@@ -160,20 +141,12 @@ def _resume(out_dir: Path, config: RunConfig) -> RunIdentity:
             f"--out {out_dir} holds a run with {' and '.join(mismatches)}; use another --out, "
             "or --force to continue it anyway"
         )
-    elapsed_s += session[-1] - session[0] if session else 0.0
     seed = config.seed if config.seed is not None else started.seed
     return RunIdentity(
         started.run_id,
         seed,
-        num_plans,
-        max(next_request, num_plans),
+        state.num_plans,
+        max(state.next_request, state.num_plans),
         resumed=True,
-        elapsed_s=elapsed_s,
+        elapsed_s=state.elapsed_s,
     )
-
-
-def _t_wall(event: object) -> float | None:
-    if isinstance(event, ObservationRecorded):
-        return event.observation.t_wall
-    value = getattr(event, "t_wall", None)
-    return float(value) if isinstance(value, int | float) else None

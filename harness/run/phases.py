@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvcanary.tenants.plan import Intent, RequestPlan
+from kvcanary.tenants.planner import PlanDraw, Planner, PlanStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +63,16 @@ class Budget:
         assert self.cycle_s is None or self.duration_s is not None
 
 
+Drawn = RequestPlan | PlanDraw
+"""A plan a stream gave: built already, or drawn to be built with others (`PlanStream`)."""
+
+
 class Workload:
-    """The plans a run sends: one stream per intent, interleaved per phase."""
+    """The plans a run sends: one stream per intent, interleaved per phase.
+
+    A stream that can draw plans without building them (`tenants.planner.PlanStream`) lets
+    `next_plans` build many at once, in one batch per planner; any other iterator of plans
+    is taken as it is."""
 
     def __init__(
         self, streams: Mapping[Intent, Iterator[RequestPlan]], phases: Sequence[Phase]
@@ -88,6 +97,39 @@ class Workload:
 
     def next_plan(self, phase: Phase) -> RequestPlan | None:
         """The phase's next plan by smooth weighted round robin; None when all streams end."""
+        plans = self.next_plans([phase])
+        return plans[0] if plans else None
+
+    def next_plans(self, phases: Sequence[Phase]) -> list[RequestPlan]:
+        """One plan per phase given, in order (fewer when every stream ends)."""
+        return self.build(self.draw(phases))
+
+    def draw(self, phases: Sequence[Phase]) -> list[Drawn]:
+        """The next plans of `phases` (one each) decided, by smooth weighted round robin;
+        `build` makes them. Drawing is cheap: no prompt is built."""
+        drawn: list[Drawn] = []
+        for phase in phases:
+            one = self._draw(phase)
+            if one is None:
+                break
+            drawn.append(one)
+        return drawn
+
+    def builds_quickly(self, drawn: Sequence[Drawn]) -> bool:
+        """Whether `build(drawn)` is short CPU work (`Planner.builds_quickly`)."""
+        draws = [d for d in drawn if isinstance(d, PlanDraw)]
+        return all(b.builds_quickly([d for d in draws if d.builder is b]) for b in _builders(draws))
+
+    def build(self, drawn: Sequence[Drawn]) -> list[RequestPlan]:
+        """The plans of `drawn`, in order; each planner's draws built in one batch."""
+        draws = [d for d in drawn if isinstance(d, PlanDraw)]
+        built: dict[int, RequestPlan] = {}
+        for builder in _builders(draws):
+            mine = [d for d in draws if d.builder is builder]
+            built.update(zip(map(id, mine), builder.build(mine), strict=True))
+        return [built[id(d)] if isinstance(d, PlanDraw) else d for d in drawn]
+
+    def _draw(self, phase: Phase) -> Drawn | None:
         while True:
             weights = {i: w for i, w in phase.weights.items() if w > 0 and i in self._streams}
             if not weights:
@@ -97,10 +139,19 @@ class Workload:
                 credit[intent] = credit.get(intent, 0.0) + weight
             intent = max(weights, key=lambda i: credit[i])
             credit[intent] -= sum(weights.values())
-            plan = next(self._streams[intent], None)
-            if plan is None:
+            stream = self._streams[intent]
+            one: Drawn | None
+            if isinstance(stream, PlanStream):
+                one = stream.draw(phase.name)
+            else:
+                one = next(stream, None)
+                if one is not None and one.phase != phase.name:
+                    one = dataclasses.replace(one, phase=phase.name)
+            if one is None:
                 del self._streams[intent]  # an exhausted stream drops out of every mix
                 continue
-            if plan.phase != phase.name:
-                plan = dataclasses.replace(plan, phase=phase.name)
-            return plan
+            return one
+
+
+def _builders(draws: Sequence[PlanDraw]) -> list[Planner]:
+    return list({id(d.builder): d.builder for d in draws}.values())

@@ -26,6 +26,7 @@ from rich.text import Text
 from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
+    HealthRouteFailed,
     ObservationRecorded,
     PhaseStarted,
     PlanRecorded,
@@ -125,11 +126,20 @@ class ProgressDisplay:
         elif isinstance(event, TargetUnhealthy):
             why = f" (last: {event.last_error})" if event.last_error else ""
             if event.source == "health":
-                what = f"its health route failed{why}, {event.num_failed} request(s) failed"
+                what = (
+                    f"{event.num_failed} requests in a row failed or timed out while its "
+                    f"health route failed too{why}"
+                )
             else:
                 what = f"{event.num_failed} requests in a row failed"
                 what += f" after {event.num_served_before} were answered{why}"
             self.note(f"the target stopped serving: {what}; what follows is untested")
+        elif isinstance(event, HealthRouteFailed):
+            self.note(
+                f"the target's health route failed {event.num_polls} polls in a row "
+                f"({event.last_error}) while {event.num_served_since} request(s) were answered: "
+                "recorded; whether it serves is judged from its requests"
+            )
         elif isinstance(event, TargetServing):
             self.note(f"the target answers again after {event.num_failed} failed request(s)")
         elif isinstance(event, RunFinished):

@@ -26,10 +26,15 @@ request as an observation with `error_kind="worker_lost"`; Ray restarts the acto
 (`MAX_RESTARTS`), so the tenant's later requests are sent by the new one. Ctrl-C cancels the
 remote calls along with the local tasks.
 
-Credentials: an actor resolves its tenant's credential variables where it runs; the driver's
-values of exactly those variables are handed to the actors in Ray's `runtime_env`, so the
-cluster's nodes need not have them (anyone who can read the job's runtime env on the cluster
-can read them: set them on the nodes instead where that matters).
+Credentials: the driver resolves a tenant's credential headers for each request and hands
+them to the actor as an argument of that call, which the actor uses for that request and
+keeps nowhere. Never through Ray's `runtime_env`: Ray writes a runtime env in clear into its
+own logs (`session_*/logs/runtime_env_agent.log`, readable by anyone on the node), and the
+cluster's nodes need not have the variables at all.
+
+The cluster is connected (`ray_cluster`) before the run writes anything or sends a request:
+an address that does not answer as Ray is refused with one line, and nothing is left behind
+to stop the same `--out` from being used again.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.record.observation import Observation
+from kvcanary.harness.run.seams import unanswered
 from kvcanary.tenants.plan import RequestPlan
 from kvcanary.tenants.tenant import Tenant
 
@@ -87,11 +93,14 @@ class TenantWorker:
         return os.getpid()
 
     async def send(
-        self, plan: RequestPlan, tenant: Tenant, late_ns: int
+        self, plan: RequestPlan, tenant: Tenant, headers: Mapping[str, str], late_ns: int
     ) -> AsyncIterator[tuple[Any, ...]]:
-        """Send `plan`; yield `("text", args)` per delta, then `("observation", obs, t0)`
-        where `t0` is the scheduled time on this actor's clock."""
+        """Send `plan` as `tenant` with its credential `headers` (resolved by the driver);
+        yield `("text", args)` per delta, then `("observation", obs, t0)` where `t0` is the
+        scheduled time on this actor's clock."""
         client = self._target_client()
+        # the headers as they are: no variable of this process is read for them
+        tenant = dataclasses.replace(tenant, api_key_env=None, headers=dict(headers))
         deltas: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
         t_scheduled_ns = time.perf_counter_ns() - late_ns
 
@@ -114,17 +123,10 @@ class TenantWorker:
         # to the loop it is created on).
         if self._client is None:
             from kvcanary.harness.run import wiring
-            from kvcanary.harness.target.client import TargetClient
 
             spec = self._spec
             http = wiring.http_client(spec.max_in_flight, spec.read_timeout_s, backend=spec.backend)
-            self._client = TargetClient(
-                http,
-                spec.base_url,
-                model=spec.model,
-                max_response_bytes=wiring.MAX_RESPONSE_BYTES,
-                deadline_s=spec.deadline_s,
-            )
+            self._client = wiring.target_client(http, spec.base_url, spec.model, spec.deadline_s)
         return self._client
 
 
@@ -149,7 +151,7 @@ class RaySender:
         stream = (
             self.actors[plan.tenant]
             .send.options(num_returns="streaming")
-            .remote(plan, tenant, late_ns)
+            .remote(plan, tenant, tenant.auth_headers(), late_ns)
         )
         try:
             async for ref in stream:
@@ -180,80 +182,91 @@ def rebased(obs: Observation, offset_ns: int) -> Observation:
 
 
 def _lost(plan: RequestPlan, t_scheduled_ns: int, why: str) -> Observation:
-    return Observation(
-        request_id=plan.request_id,
-        tenant=plan.tenant,
-        status=None,
-        t_wall=time.time(),
-        t_scheduled_ns=t_scheduled_ns,
-        t_sent_ns=t_scheduled_ns,
-        t_done_ns=time.perf_counter_ns(),
-        error_kind="worker_lost",
-        error=why,
-    )
+    return unanswered(plan, t_scheduled_ns, time.perf_counter_ns(), "worker_lost", why)
 
 
 @contextlib.contextmanager
-def ray_sender(address: str, tenants: Sequence[Tenant], spec: ClientSpec) -> Iterator[RaySender]:
-    """A `RaySender` with one actor per tenant, on the cluster at `address` (`local`: a Ray
-    instance started for the run). A Ray already initialised in this process is used as it
-    is and left running; one started here is shut down at the end."""
+def ray_cluster(address: str) -> Iterator[None]:
+    """Connected to the Ray cluster at `address` (`local`: a Ray instance started here for
+    the run) for the block; `ConfigError` when it cannot be reached. A Ray already
+    initialised in this process is used as it is and left running; one started here is
+    shut down at the end."""
     ray = _import_ray()
-    started = False
-    if not ray.is_initialized():
-        check_address(address)
-        try:
-            ray.init(
-                address=None if address == LOCAL else address,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(f"--ray {address}: cannot reach the Ray cluster: {exc}") from None
-        started = True
-    worker = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0)(TenantWorker)
+    check_address(address)
+    if ray.is_initialized():
+        yield
+        return
     try:
-        actors = {
-            tenant.name: worker.options(
-                name=f"{ACTOR_PREFIX}{tenant.name}-{uuid.uuid4().hex[:8]}",
-                runtime_env={"env_vars": _credential_vars(tenant)},
-            ).remote(spec)
-            for tenant in tenants
-        }
-        try:
-            yield RaySender(actors)
-        finally:
-            for actor in actors.values():
-                ray.kill(actor, no_restart=True)
+        ray.init(
+            address=None if address == LOCAL else address,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--ray {address}: cannot reach the Ray cluster: {exc}") from None
+    try:
+        yield
     finally:
-        if started:
-            ray.shutdown()
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_sender(tenants: Sequence[Tenant], spec: ClientSpec) -> Iterator[RaySender]:
+    """A `RaySender` with one actor per tenant, on the cluster connected (`ray_cluster`)."""
+    ray = _import_ray()
+    worker = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0)(TenantWorker)
+    actors = {
+        tenant.name: worker.options(
+            name=f"{ACTOR_PREFIX}{tenant.name}-{uuid.uuid4().hex[:8]}"
+        ).remote(spec)
+        for tenant in tenants
+    }
+    try:
+        yield RaySender(actors)
+    finally:
+        for actor in actors.values():
+            ray.kill(actor, no_restart=True)
 
 
 CONNECT_TIMEOUT_S = 5.0
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""An HTTP/2 client's first bytes (the preface, then an empty SETTINGS frame): a Ray port
+(gRPC) answers with a SETTINGS frame, a web server with an HTTP/1 error."""
 
 
 def check_address(address: str) -> None:
-    """Before anything starts: Ray is installed, and something answers at `address`. Ray
-    itself retries an unreachable address for minutes; this refuses it in seconds, in one
-    line."""
+    """Before anything starts: Ray is installed, and something answers at `address` that
+    could be Ray. Ray itself retries an address for tens of seconds (an unreachable one for
+    minutes); this refuses what is surely not Ray in seconds, in one line."""
     _import_ray()
     where = address.removeprefix("ray://")
     host, sep, port = where.rpartition(":")
     if address in (LOCAL, "auto") or not sep or not port.isdigit():
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S) as sock:
+            reply = b"" if os.environ.get("RAY_USE_TLS") else _first_reply(sock)
     except OSError as exc:
         raise ConfigError(
             f"--ray {address}: nothing answers at {host}:{port} ({exc.strerror or exc})"
         ) from None
+    if reply.startswith(b"HTTP/"):
+        raise ConfigError(
+            f"--ray {address}: {host}:{port} answers as a web server (HTTP/1), not as Ray; "
+            "give the cluster's GCS address (HOST:6379) or its Ray Client address "
+            "(ray://HOST:10001)"
+        )
 
 
-def _credential_vars(tenant: Tenant) -> dict[str, str]:
-    """The driver's values of the variables `tenant` reads its credentials from."""
-    return {name: os.environ[name] for name in tenant.env_names() if name in os.environ}
+def _first_reply(sock: socket.socket) -> bytes:
+    """What `sock` answers an HTTP/2 preface with (empty when it says nothing in time)."""
+    try:
+        sock.sendall(_H2_PREFACE)
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        return sock.recv(16)
+    except OSError:
+        return b""
 
 
 def _import_ray() -> Any:

@@ -10,7 +10,8 @@ A run is a sequence of phases over a budget (a request count or a duration):
 
 Within a phase, intents are interleaved by smooth weighted round robin, so a 3:1 mix sends
 `victim victim probe victim ...` rather than bursts. Requests start either from `N`
-closed-loop workers or at Poisson arrival times on an absolute clock (`harness.run.arrivals`).
+closed-loop workers or at Poisson arrival times on an absolute clock (`harness.run.arrivals`),
+their plans built a batch ahead (`harness.run.plan_feed`), so N workers keep N in flight.
 
 For every request, in this order: its canaries join the live index with their owner; the
 plan is journaled (before anything is sent, so a killed run loses at most what was in
@@ -41,11 +42,9 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
-from kvcanary.canaries import Owner, redact
+from kvcanary.canaries import redact
 from kvcanary.canaries.redact import redact_quote
 from kvcanary.harness.detectors.protocol import with_late_evidence
 from kvcanary.harness.detectors.timing import DefersJudgement
@@ -53,10 +52,8 @@ from kvcanary.harness.record.events import (
     Event,
     FindingRecorded,
     ObservationRecorded,
-    PhaseStarted,
     PlanRecorded,
     RunFinished,
-    TargetUnhealthy,
     TimingFitted,
 )
 from kvcanary.harness.record.finding import Finding, FindingKind, Severity
@@ -64,7 +61,10 @@ from kvcanary.harness.record.observation import Observation
 from kvcanary.harness.record.ttft_model import TtftModel
 from kvcanary.harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
 from kvcanary.harness.run.health import HealthTracker
+from kvcanary.harness.run.live_plans import LivePlans
+from kvcanary.harness.run.outcome import RunOutcome
 from kvcanary.harness.run.phases import Budget, Phase, Workload, default_phases
+from kvcanary.harness.run.plan_feed import PlanFeed
 from kvcanary.harness.run.seams import (
     CanaryRegistry,
     ContentScanner,
@@ -73,26 +73,13 @@ from kvcanary.harness.run.seams import (
     ResponseScan,
     Sender,
     TimingChecker,
+    unanswered,
 )
 from kvcanary.harness.target.health_route import HealthProbe
 from kvcanary.tenants.plan import RequestPlan
 from kvcanary.tenants.tenant import Tenant
 
 DEFAULT_GRACE_S = 5.0
-
-
-@dataclass(slots=True)
-class RunOutcome:
-    """How a run ended and what it saw (the report has the full story)."""
-
-    reason: str
-    num_requests: int
-    num_observations: int
-    errors: Counter[str] = field(default_factory=Counter)
-    """Observations by `error_kind` (rejections are `http_status`)."""
-    findings: Counter[str] = field(default_factory=Counter)
-    target_unhealthy: TargetUnhealthy | None = None
-    """Set when the target stopped serving during the run (`harness.run.health`)."""
 
 
 HEALTH_EVERY_S = 2.0
@@ -126,8 +113,6 @@ class Runner:
         self._tenants = dict(tenants)
         self._secrets = tuple({s for tenant in self._tenants.values() for s in tenant.secrets()})
         """Credential values of every tenant: scrubbed from whatever the target sends back."""
-        self._workload = workload
-        self._index = index
         self._detectors = detectors
         self._journaled_model: TtftModel | None = None
         self._emit_event = emit
@@ -141,23 +126,23 @@ class Runner:
         self._grace_s = grace_s
         self._clock = clock or MonotonicClock()
         self._num_previous_requests = num_previous_requests
-        self._elapsed_before_s = elapsed_before_s
-        """A resumed soak's earlier sessions: its duration and phase schedule continue."""
-        self._admit = admit
-        """The cost guard's meter (`tenants.cost.SpendMeter`): no to a plan ends the run."""
-        self._budget_spent = False
+        # a resumed soak's earlier sessions: its duration and phase schedule continue; the
+        # cost guard's meter (`tenants.cost.SpendMeter`): no to a plan ends the run
+        self._feed = PlanFeed(
+            workload,
+            budget,
+            self._clock,
+            emit=self._emit,
+            elapsed_before_s=elapsed_before_s,
+            admit=admit,
+        )
         self._stopping = asyncio.Event()
         self._interrupted = False
         self._busy: set[asyncio.Task[None]] = set()
-        self._live: deque[tuple[str, ...]] = deque()
-        """Canary texts per plan in the index, oldest first."""
+        self._live = LivePlans(index)
         self._grace: asyncio.TimerHandle | None = None
-        self._phase: Phase | None = None
         self._held: list[Finding] = []
         """High `unsafe_accept`s held for the end-of-run timing judgement (`_judged_at_the_end`)."""
-        self._num_taken = 0
-        self._plan_lock = asyncio.Lock()
-        self._t0_ns = 0
         self.outcome = RunOutcome("running", 0, 0)
 
     # -- control ------------------------------------------------------------------------
@@ -184,7 +169,7 @@ class Runner:
 
     async def run(self) -> RunOutcome:
         """Send the workload until the budget is spent or `stop()`; returns how it ended."""
-        self._t0_ns = self._clock.now_ns()
+        self._feed.t0_ns = self._clock.now_ns()
         message: str | None = None
         reason = "error"
         poller = None if self._health_probe is None else asyncio.create_task(self._poll_health())
@@ -197,7 +182,7 @@ class Runner:
                     group.create_task(self._open_loop_dispatcher(self._pacing, group))
             if self._interrupted:
                 reason = "interrupted"
-            elif self._budget_spent:
+            elif self._feed.refused:
                 reason = "budget_spent"
             else:
                 reason = "duration" if self._budget.duration_s is not None else "completed"
@@ -252,7 +237,7 @@ class Runner:
         self, pacing: PoissonArrivals, group: asyncio.TaskGroup
     ) -> None:
         slots = asyncio.Semaphore(pacing.max_in_flight)
-        for t_arrival_ns in pacing.times(self._t0_ns):
+        for t_arrival_ns in pacing.times(self._feed.t0_ns):
             # The plan is built before its arrival time so building it does not add slip.
             plan = await self._take(t_arrival_ns)
             if plan is None or not await self._wait_until(t_arrival_ns):
@@ -284,48 +269,16 @@ class Runner:
         return not self._stopping.is_set()
 
     async def _take(self, t_ns: int | None = None) -> RequestPlan | None:
-        """The next plan to send at `t_ns` (default: now), or None when spent or stopped.
-
-        Plans are built one at a time in a worker thread: building a long prompt is CPU
-        work that would otherwise stall every stream in flight (and skew their timestamps),
-        and a tokenizer may be a server reached through this loop.
-        """
-        async with self._plan_lock:
-            if self._stopping.is_set():
-                return None
-            fraction = self._position(self._clock.now_ns() if t_ns is None else t_ns)
-            if fraction is None:
-                return None
-            phase = self._workload.phase_at(fraction)
-            if phase is not self._phase:
-                self._phase = phase
-                self._emit(PhaseStarted(phase.name, t_wall=time.time()))
-            plan = await asyncio.to_thread(self._workload.next_plan, phase)
-            if plan is not None and self._admit is not None and not self._admit(plan):
-                # requests in flight finish; nothing more is sent (a clean end, not a stop)
-                self._budget_spent = True
-                self._stopping.set()
-                return None
-            if plan is not None:
-                self._num_taken += 1
-            return plan
-
-    def _position(self, t_ns: int) -> float | None:
-        budget = self._budget
-        if budget.num_requests is not None:
-            if self._num_taken >= budget.num_requests:
-                return None
-            return self._num_taken / budget.num_requests
-        assert budget.duration_s is not None
-        elapsed_s = self._elapsed_before_s + (t_ns - self._t0_ns) / 1e9
-        if elapsed_s >= budget.duration_s:
-            return None
-        cycle_s = min(budget.cycle_s or budget.duration_s, budget.duration_s)
-        return (elapsed_s % cycle_s) / cycle_s
+        """The next plan to send at `t_ns` (default: now), or None when spent or stopped
+        (`harness.run.plan_feed`); the cost guard's first no stops the run cleanly."""
+        plan = await self._feed.take(t_ns, self._stopping)
+        if plan is None and self._feed.refused:
+            self._stopping.set()
+        return plan
 
     async def _execute(self, plan: RequestPlan, t_scheduled_ns: int) -> None:
         tenant = self._tenants[plan.tenant]
-        self._register(plan)
+        self._live.register(plan)
         self._emit(PlanRecorded(plan))
         scan = self._detectors.content.start(plan)
         streamed: list[Finding] = []  # the protocol detector weighs them (unsafe_accept)
@@ -343,20 +296,6 @@ class Runner:
             self._observe(plan, scan, self._cancelled(plan, t_scheduled_ns), streamed)
             raise
         self._observe(plan, scan, obs, streamed)
-
-    def _register(self, plan: RequestPlan) -> None:
-        """Add the plan's canaries to the live index, forgetting the oldest plans' if full.
-
-        A forgotten canary is still attributed through the run key when it is found whole;
-        only its fragments go undetected, and only for plans thousands of requests old.
-        """
-        texts = tuple(canary.text for canary in plan.canaries)
-        while self._live and len(self._index) + len(texts) > self._index.max_live:
-            for text in self._live.popleft():
-                self._index.discard(text)
-        owner = Owner(plan.tenant, plan.request_id)
-        self._index.add_many((text, owner) for text in texts)
-        self._live.append(texts)
 
     async def _poll_health(self) -> None:
         """Poll the target's health route until the run ends (cancelled then)."""
@@ -426,33 +365,14 @@ class Runner:
         self._emit(TimingFitted(fitted, t_wall=time.time(), final=final, not_judged=not_judged))
 
     def _cancelled(self, plan: RequestPlan, t_scheduled_ns: int) -> Observation:
-        return Observation(
-            request_id=plan.request_id,
-            tenant=plan.tenant,
-            status=None,
-            t_wall=time.time(),
-            t_scheduled_ns=t_scheduled_ns,
-            t_sent_ns=t_scheduled_ns,
-            t_done_ns=self._clock.now_ns(),
-            error_kind="cancelled",
-            error="interrupted before the response finished",
-        )
+        why = "interrupted before the response finished"
+        return unanswered(plan, t_scheduled_ns, self._clock.now_ns(), "cancelled", why)
 
     def _emit_finding(self, finding: Finding) -> None:
         self._emit(FindingRecorded(finding, t_wall=time.time()))
 
     def _emit(self, event: Event) -> None:
-        outcome = self.outcome
-        if isinstance(event, PlanRecorded):
-            outcome.num_requests += 1
-        elif isinstance(event, ObservationRecorded):
-            outcome.num_observations += 1
-            if event.observation.error_kind is not None:
-                outcome.errors[event.observation.error_kind] += 1
-        elif isinstance(event, FindingRecorded):
-            outcome.findings[str(event.finding.kind)] += 1
-        elif isinstance(event, TargetUnhealthy):
-            outcome.target_unhealthy = event
+        self.outcome.count(event)
         self._emit_event(event)
 
 

@@ -8,6 +8,7 @@ its end-of-run pass. The real ones are `harness.target.client.TargetClient`,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,7 +16,7 @@ from typing import Protocol
 from kvcanary.canaries import Hit, Owner
 from kvcanary.harness.record.events import OwnEchoRecorded
 from kvcanary.harness.record.finding import Finding
-from kvcanary.harness.record.observation import Observation, TextSink
+from kvcanary.harness.record.observation import ErrorKind, Observation, TextSink
 from kvcanary.harness.record.ttft_model import TtftModel
 from kvcanary.tenants.plan import RequestPlan
 from kvcanary.tenants.tenant import Tenant
@@ -94,3 +95,20 @@ class Detectors:
     content: ContentScanner
     protocol: PlanChecker
     timing: TimingChecker
+
+
+def unanswered(
+    plan: RequestPlan, t_scheduled_ns: int, t_done_ns: int, error_kind: ErrorKind, error: str
+) -> Observation:
+    """The observation of a request that got no answer: cancelled, or its sender lost."""
+    return Observation(
+        request_id=plan.request_id,
+        tenant=plan.tenant,
+        status=None,
+        t_wall=time.time(),
+        t_scheduled_ns=t_scheduled_ns,
+        t_sent_ns=t_scheduled_ns,
+        t_done_ns=t_done_ns,
+        error_kind=error_kind,
+        error=error,
+    )

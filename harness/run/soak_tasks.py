@@ -1,24 +1,33 @@
 """A soak's periodic work beside the runner: re-render the report, rotate the journal,
 print a heartbeat line off a terminal, and with `--metrics-port` serve Prometheus metrics
-fed from the journal's events (`harness.run.metrics`)."""
+fed from the journal's events (`harness.run.metrics`).
+
+A soak that stops before its final render (a full disk, an interrupt, an error) would leave
+its last periodic report in place, looking current beside a journal that went on further:
+`set_aside_stale_reports` renames such files to `NAME.stale` (a rename, which a full disk
+still allows) and says how to render current ones."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import json
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Protocol
 
 from kvcanary.harness.record.events import Event
 from kvcanary.harness.record.journal import JournalWriter
+from kvcanary.harness.record.outputs import HTML_NAME, JOURNAL_NAME, REPORT_FILES, SUMMARY_NAME
 from kvcanary.harness.run.config import RunConfig
+from kvcanary.harness.run.journal_upkeep import JournalUpkeep
 from kvcanary.harness.run.options import format_duration
 from kvcanary.harness.run.progress import ProgressDisplay
 
 
 class SoakJournal(Protocol):
-    """The run's journal as a soak needs it (`harness.run.wiring.Journal`)."""
+    """The run's journal as a soak needs it (`harness.run.run_journal.Journal`)."""
 
     @property
     def writer(self) -> JournalWriter: ...
@@ -42,28 +51,32 @@ async def soak_tasks(
             metrics = stack.enter_context(serve_metrics(config.metrics_port))
             journal.listen(metrics.handle)
             display.note(f"metrics: http://127.0.0.1:{config.metrics_port}/metrics")
-        await stack.enter_async_context(_periodic(config, out_dir, journal.writer, display))
+        upkeep = JournalUpkeep(out_dir, config.keep_journal)  # checkpoint, gzip, retention
+        journal.listen(upkeep.feed)
+        await stack.enter_async_context(_periodic(config, out_dir, journal.writer, upkeep, display))
         yield
 
 
 @contextlib.asynccontextmanager
 async def _periodic(
-    config: RunConfig, out_dir: Path, journal: JournalWriter, display: ProgressDisplay
+    config: RunConfig,
+    out_dir: Path,
+    journal: JournalWriter,
+    upkeep: JournalUpkeep,
+    display: ProgressDisplay,
 ) -> AsyncIterator[None]:
-
     async def report() -> None:
-        from kvcanary.reports.render import render_run
-
-        result = await asyncio.to_thread(
-            render_run, out_dir, keep_raw_evidence=config.keep_raw_evidence
-        )
+        verdict = await render_apart(out_dir, keep_raw_evidence=config.keep_raw_evidence)
         display.note(
-            f"report updated ({display.status_line()}): verdict so far {result.verdict}, "
-            f"{out_dir / 'report.html'}"
+            f"report updated ({display.status_line()}): verdict so far {verdict}, "
+            f"{out_dir / HTML_NAME}"
         )
 
     async def rotate() -> None:
-        display.note(f"journal segment closed: {journal.rotate()}")
+        closed = journal.rotate()
+        display.note(f"journal segment closed: {closed}")
+        for deleted in await upkeep.closed(closed):
+            display.note(f"journal segment deleted (--keep-journal): {deleted.name}")
 
     async def heartbeat() -> None:
         display.heartbeat()
@@ -83,6 +96,56 @@ async def _periodic(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+STALE_SUFFIX = ".stale"
+
+
+def set_aside_stale_reports(
+    out_dir: Path, display: ProgressDisplay, formats: Collection[str] | None = None
+) -> None:
+    """Rename a soak's report files (those of `formats`, default all) that are older than
+    its journal to `NAME.stale`: the soak went on after they were written, and its final
+    render did not replace them."""
+    try:
+        journaled = (out_dir / JOURNAL_NAME).stat().st_mtime_ns
+    except OSError:
+        return  # no journal: nothing went on after any report
+    moved = []
+    for report_format, name in REPORT_FILES.items():
+        if formats is not None and str(report_format) not in formats:
+            continue
+        path = out_dir / name
+        try:
+            if path.is_file() and path.stat().st_mtime_ns < journaled:
+                path.replace(path.with_name(name + STALE_SUFFIX))
+                moved.append(name)
+        except OSError as exc:
+            display.note(f"could not set aside the out-of-date {path}: {exc.strerror or exc}")
+    if moved:
+        display.note(
+            f"the soak's last periodic report is out of date (its final render did not "
+            f"replace it): set aside as {', '.join(n + STALE_SUFFIX for n in moved)}; run "
+            f"`kvcanary report {out_dir}` for current ones"
+        )
+
+
+async def render_apart(out_dir: Path, *, keep_raw_evidence: bool) -> str:
+    """Render the reports in a child process (`kvcanary report`), the verdict they give: a
+    render's peak memory (pandas, a whole journal's frames) is then the child's, and the
+    soak's own stays flat however long it runs."""
+    command = [sys.executable, "-m", "kvcanary", "report", str(out_dir)]
+    if keep_raw_evidence:
+        command.append("--keep-raw-evidence")
+    child = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    _, errors = await child.communicate()
+    if child.returncode not in (0, 1, 3):  # the verdict's statuses
+        lines = errors.decode(errors="replace").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"kvcanary report exited {child.returncode}")
+    summary = json.loads((out_dir / SUMMARY_NAME).read_text())
+    return str(summary.get("verdict"))
 
 
 async def every(

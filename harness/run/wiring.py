@@ -1,16 +1,13 @@
-"""The one place a run is put together: the pieces `run`, `soak`, `repro` and the plugin share.
-
-A session (`harness.run.session`) and a scenario reproduction (`harness.scenarios.repro`)
-differ in where their settings come from and in how they send (phases of one budget, or a
-scenario's ordered steps); everything else is built here, once: the bundled engine on a free
-loopback port, the HTTP client, first contact (facts, limits, model), the calibration, the
-canary minter, the detectors, the journal and its `run_started` record, and the render.
-Heavy or optional imports (the engine, pandas via reports) happen inside functions.
+"""The pieces a run is put together from, which `harness.run.assembly` composes once for
+`run`, `soak`, `repro` and the plugin: the bundled engine on a free loopback port, the HTTP
+client, first contact (facts, limits, model), the calibration, the canary alphabet and
+minter, the detectors, the target client (a Ray actor builds its own with it), the
+`run_started` record, and the render. Heavy or optional imports (the engine, pandas via
+reports) happen inside functions.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,26 +30,24 @@ from kvcanary.canaries import (
 from kvcanary.canaries.alphabet import DEFAULT_ALPHABET, Alphabet, alphabet_for
 from kvcanary.canaries.errors import ConfigError, RunIncomplete
 from kvcanary.canaries.guarantee import PageGuarantee, page_guarantee
-from kvcanary.canaries.redact import scrub_secrets
 from kvcanary.harness.detectors.content import ContentDetector
 from kvcanary.harness.detectors.protocol import ProtocolDetector
 from kvcanary.harness.detectors.timing import TimingDetector
-from kvcanary.harness.record.events import Event, Limits, RunStarted
-from kvcanary.harness.record.journal import JOURNAL_NAME, JournalWriter
+from kvcanary.harness.record.events import Limits, RunStarted
 from kvcanary.harness.run.interrupts import Delivery, sigterm_as_interrupt
 from kvcanary.harness.run.keyring import EarlierRuns, KeyEntry, Keyring, run_key
 from kvcanary.harness.run.progress import ProgressDisplay
 from kvcanary.harness.run.seams import Detectors, TimingChecker
-from kvcanary.harness.target.calibration import (
-    PromptTokenOffset,
-    measure_prompt_token_offset,
-)
+from kvcanary.harness.target import calibration
+from kvcanary.harness.target.calibration import PromptTokenOffset
 from kvcanary.harness.target.client import TargetClient, make_http_client
 from kvcanary.harness.target.http_client import DEFAULT_BACKEND, Backend
 from kvcanary.harness.target.limits import limits_from_facts
 from kvcanary.harness.target.server_info import EngineFacts, read_engine_facts
+from kvcanary.harness.target.urls import server_root
 from kvcanary.tenants.plan import ApiStyle
 from kvcanary.tenants.planner import request_id
+from kvcanary.tenants.size import input_limit
 from kvcanary.tenants.tenant import Tenant
 
 if TYPE_CHECKING:
@@ -120,7 +115,7 @@ def bundled_engine(
     note = display.note if display is not None else _silent
     note(f"starting the bundled reference engine ({', '.join([preset, *described])})")
     with running_engine(preset, fixes=tuple(fixes), processes=processes, **settings) as engine:
-        note(f"engine listening at {engine.base_url}")
+        note(f"engine listening at {engine.base_url}; {engine.attention}")
         yield str(engine.base_url)
     note("engine stopped")
 
@@ -176,7 +171,9 @@ async def contact(
     display: ProgressDisplay,
 ) -> Contact:
     """Read the target's facts; raises `RunIncomplete` when it cannot be reached and
-    `ConfigError` when its limits or model are unknown and were not given."""
+    `ConfigError` when its limits or model are unknown and were not given. A base URL given
+    as OpenAI clients take it (`.../v1`) is read as the server's root, said once."""
+    base_url = server_root(base_url, display.note)
     facts = await read_engine_facts(
         http,
         base_url,
@@ -205,12 +202,6 @@ async def contact(
     return Contact(base_url, facts, limits, name)
 
 
-CALIBRATION_TIMEOUT_S = 15.0
-"""One short request; a target slower than this is run without the correction."""
-MAX_PROMPT_TOKEN_OFFSET = 16
-"""A server adds a BOS token, maybe a few more; an offset beyond this is not a convention."""
-
-
 async def calibrate(
     http: httpx.AsyncClient,
     target: Contact,
@@ -221,42 +212,23 @@ async def calibrate(
     chat_overhead_tokens: int,
     display: ProgressDisplay,
 ) -> PromptTokenOffset | None:
-    """The tokens the server adds to every prompt (BOS, ...), measured by one short request;
-    None where the measurement is not plausible (then nothing is corrected)."""
-    try:
-        async with asyncio.timeout(CALIBRATION_TIMEOUT_S):
-            measured = await measure_prompt_token_offset(
-                http,
-                target.base_url,
-                target.model,
-                api,
-                tokenizer,
-                tenant,
-                chat_overhead_tokens=chat_overhead_tokens,
-            )
-    except (ConfigError, TimeoutError) as exc:  # the run itself shows what the target does
-        why = scrub_secrets(str(exc), list(tenant.secrets())) or (
-            f"no answer within {CALIBRATION_TIMEOUT_S:g} s"
-        )
-        display.note(f"calibration: not measured ({why}); no offset applied")
-        return None
-    if abs(measured.offset) > MAX_PROMPT_TOKEN_OFFSET:
-        display.note(
-            f"calibration: {measured.describe()}; more than {MAX_PROMPT_TOKEN_OFFSET} tokens "
-            "is no tokenizer convention, so nothing is corrected"
-        )
-        return None
-    display.note(f"calibration: {measured.describe()}")
-    return measured
+    """The tokens the server adds to every prompt (BOS, ...), measured at two lengths
+    (`harness.target.calibration`); None where nothing was measured. Raises
+    `TokenizerMismatch` (exit 2) when the tokenizer does not count like the target."""
+    requests = calibration.Calibrator(
+        http, target.base_url, target.model, api, tokenizer, tenant, chat_overhead_tokens
+    )
+    return await calibration.calibrate(
+        requests, limit_tokens=input_limit(target.limits), note=display.note
+    )
 
 
-def target_client(http: httpx.AsyncClient, contact: Contact, deadline_s: float) -> TargetClient:
+def target_client(
+    http: httpx.AsyncClient, base_url: str, model: str, deadline_s: float
+) -> TargetClient:
+    """The client every request of a run is sent through (in a Ray actor too)."""
     return TargetClient(
-        http,
-        contact.base_url,
-        model=contact.model,
-        max_response_bytes=MAX_RESPONSE_BYTES,
-        deadline_s=deadline_s,
+        http, base_url, model=model, max_response_bytes=MAX_RESPONSE_BYTES, deadline_s=deadline_s
     )
 
 
@@ -316,52 +288,6 @@ def detectors(
         ProtocolDetector(limits, prompt_token_offsets=offsets),
         timing if timing is not None else TimingDetector(),
     )
-
-
-class Journal:
-    """The run's journal, with each event also shown on the progress display."""
-
-    def __init__(self, out_dir: Path, display: ProgressDisplay) -> None:
-        try:
-            self._writer = JournalWriter(out_dir / JOURNAL_NAME)
-        except OSError as exc:
-            raise RunIncomplete(f"cannot create the journal in {out_dir}: {exc}") from None
-        self._display = display
-        self._broken: str | None = None
-        self._listeners: list[Callable[[Event], None]] = []
-
-    @property
-    def path(self) -> Path:
-        return self._writer.path
-
-    def listen(self, listener: Callable[[Event], None]) -> None:
-        """Also give every event journaled from now on to `listener` (the metrics)."""
-        self._listeners.append(listener)
-
-    @property
-    def writer(self) -> JournalWriter:
-        return self._writer
-
-    def emit(self, event: Event) -> None:
-        """Journal `event`. A journal that cannot be written (disk full, the directory gone)
-        stops the run with one line (`RunIncomplete`, exit 3); later events are dropped."""
-        if self._broken is not None:
-            return
-        try:
-            self._writer.write(event)
-        except OSError as exc:
-            self._broken = f"cannot write the journal {self.path}: {exc.strerror or exc}"
-            raise RunIncomplete(f"{self._broken}; the run stopped") from None
-        self._display.handle(event)
-        for listener in self._listeners:
-            listener(event)
-
-    def close(self) -> None:
-        try:
-            self._writer.close()
-        except OSError as exc:  # the final sync of a full disk
-            if self._broken is None:
-                raise RunIncomplete(f"cannot write the journal {self.path}: {exc}") from None
 
 
 def run_started(

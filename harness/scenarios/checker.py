@@ -1,26 +1,31 @@
 """The scenario-specific half of validation: each table of a scenario file checked and built
-into the `harness.scenarios.schema` dataclasses."""
+into the `harness.scenarios.schema` dataclasses.
+
+Checking goes on past a problem: each table, step, item and key is its own part
+(`Fields.attempt`), so one `ConfigError` lists every problem of the file in file order. A
+part whose check failed yields a stand-in value that never leaves this module (the file is
+refused), and checks that would only repeat a noted problem are skipped (a step's tenants
+are not checked against a `[tenants]` table that was itself wrong).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.record.finding import FindingKind
-from kvcanary.harness.scenarios.fields import Fields, coerce_param, matches, param_text
+from kvcanary.harness.record.verdict import Verdict
+from kvcanary.harness.scenarios.fields import Invalid, coerce_param, matches, param_text
 from kvcanary.harness.scenarios.schema import (
-    DEFAULT_MAX_TOKENS,
     DEFAULT_NUM_TENANTS,
     DISCOVER,
-    INTENTS,
     NAME,
     PARAM_NAME,
     REFERENCE,
-    STEP_KEYS,
     TOP_KEYS,
-    CacheProbeStep,
     ClientSpec,
     EngineSpec,
     Expectation,
@@ -29,73 +34,106 @@ from kvcanary.harness.scenarios.schema import (
     ParamValue,
     Path_,
     Scenario,
-    SendKind,
-    SendStep,
-    Step,
     TenantsSpec,
-    WaitStep,
 )
-from kvcanary.tenants.size import SizeSpec
+from kvcanary.harness.scenarios.step_checker import StepChecker
 from kvcanary.tenants.tenant import Tenant, env_name_problem
 
+_T = TypeVar("_T")
+_F = TypeVar("_F")
+_UNKNOWN_TENANTS = None
+"""The tenants, when `[tenants]` itself has a problem: step tenants are then not checked."""
 
-class ScenarioChecker(Fields):
+
+_OUTCOMES = f'"{Verdict.LEAK}" or "{Verdict.CLEAN}"'
+
+
+class ScenarioChecker(StepChecker):
     """Validates a parsed scenario document into a `Scenario`."""
 
+    def __init__(self, source: str, text: str) -> None:
+        super().__init__(source, text)
+        self.broken_params: set[str] = set()
+        """Parameters declared wrongly: that is reported, their uses are not."""
+
     def scenario(self, doc: dict[str, Any], overrides: dict[str, str]) -> Scenario:
+        """The scenario, or one `ConfigError` naming every problem of the file."""
+        return self.checked(partial(self._scenario, doc, overrides))
+
+    def _scenario(self, doc: dict[str, Any], overrides: dict[str, str]) -> Scenario:
         self.keys((), doc, TOP_KEYS)
-        params = self.params(doc.get("params", {}))
+        params = self.attempt(partial(self.params, doc.get("params", {})), ())
         values = self.param_values(params, overrides)
         doc = {
             k: (v if k == "params" else self.substitute((k,), v, values)) for k, v in doc.items()
         }
         for required in ("name", "description", "steps"):
             if required not in doc:
-                self.fail((required,), "missing (every scenario needs name, description, steps)")
+                self.note((required,), "missing (every scenario needs name, description, steps)")
         if "expect" not in doc:
-            self.fail(("expect",), 'missing: say what must happen, [expect] outcome = "leak"')
-        name = self.string(("name",), doc["name"])
-        if not NAME.fullmatch(name):
-            self.fail(("name",), f"{name!r}: use lowercase letters, digits, '.', '_', '-'")
+            self.note(("expect",), 'missing: say what must happen, [expect] outcome = "leak"')
         if "target" in doc and "engine" in doc:
-            self.fail(("engine",), "give `target` or an [engine] table, not both")
-        tenants = self.tenants(doc.get("tenants", {}))
-        steps = self.steps(doc["steps"], tenants.names)
+            self.note(("engine",), "give `target` or an [engine] table, not both")
+        tenants = self.attempt(partial(self.tenants, doc.get("tenants", {})), _UNKNOWN_TENANTS)
+        names = tenants.names if tenants is not None else None
+        steps = self.attempt(partial(self.steps, doc.get("steps"), names), ())
         return Scenario(
-            name=name,
-            description=self.string(("description",), doc["description"]),
+            name=self.part(doc, "name", self.name, ""),
+            description=self.part(doc, "description", partial(self.string, ("description",)), ""),
             source=self.source,
             steps=steps,
-            expect=self.expect(doc["expect"]),
-            references=self.strings(("references",), doc.get("references", [])),
+            expect=self.part(doc, "expect", self.expect, Expectation(Verdict.CLEAN)),
+            references=self.attempt(
+                partial(self.strings, ("references",), doc.get("references", [])), ()
+            ),
             params=params,
             param_values=MappingProxyType(values),
-            seed=self.integer(("seed",), doc["seed"], 0) if "seed" in doc else None,
-            target=self.url(("target",), doc["target"]) if "target" in doc else None,
-            engine=self.engine(doc["engine"]) if "engine" in doc else None,
-            client=self.client(doc.get("client", {})),
-            limits=self.limits(doc.get("limits", {})),
-            tenants=tenants,
+            seed=self.part(doc, "seed", partial(self.integer, ("seed",), minimum=0), None),
+            target=self.part(doc, "target", partial(self.url, ("target",)), None),
+            engine=self.part(doc, "engine", self.engine, None),
+            client=self.attempt(partial(self.client, doc.get("client", {})), ClientSpec()),
+            limits=self.attempt(partial(self.limits, doc.get("limits", {})), LimitsSpec()),
+            tenants=tenants if tenants is not None else TenantsSpec(()),
         )
 
+    def part(
+        self, doc: Mapping[str, Any], key: str, read: Callable[[Any], _T], fallback: _F
+    ) -> _T | _F:
+        """`read(doc[key])` where the key is given and reads well; else `fallback`."""
+        if key not in doc:
+            return fallback
+        return self.attempt(partial(read, doc[key]), fallback)
+
+    def name(self, raw: Any) -> str:
+        name = self.string(("name",), raw)
+        if not NAME.fullmatch(name):
+            self.fail(("name",), f"{name!r}: use lowercase letters, digits, '.', '_', '-'")
+        return name
+
     def params(self, raw: Any) -> tuple[Param, ...]:
-        path: Path_ = ("params",)
-        params = []
-        for name, value in self.table(path, raw).items():
+        params = self.table(("params",), raw).items()
+        found = [self.attempt(partial(self.param, name, value), None) for name, value in params]
+        return tuple(param for param in found if param is not None)
+
+    def param(self, name: str, value: Any) -> Param:
+        path: Path_ = ("params", name)
+        try:
             if not PARAM_NAME.fullmatch(name):
-                self.fail((*path, name), "a parameter name is letters, digits and '_'")
+                self.fail(path, "a parameter name is letters, digits and '_'")
             if isinstance(value, dict):
-                self.keys((*path, name), value, ("default", "help"))
+                self.keys(path, value, ("default", "help"))
                 if "default" not in value:
-                    self.fail((*path, name), "missing `default`")
+                    self.fail(path, "missing `default`")
                 default, help_text = value["default"], value.get("help", "")
-                help_text = self.string((*path, name, "help"), help_text, empty=True)
+                help_text = self.string((*path, "help"), help_text, empty=True)
             else:
                 default, help_text = value, ""
             if not isinstance(default, str | int | float | bool):
-                self.fail((*path, name), "a default is a string, number or boolean")
-            params.append(Param(name, default, help_text))
-        return tuple(params)
+                self.fail(path, "a default is a string, number or boolean")
+        except Invalid:
+            self.broken_params.add(name)
+            raise
+        return Param(name, default, help_text)
 
     def param_values(
         self, params: Sequence[Param], overrides: Mapping[str, str]
@@ -105,6 +143,8 @@ class ScenarioChecker(Fields):
         for name, raw in overrides.items():
             param = declared.get(name)
             if param is None:
+                if name in self.broken_params:
+                    continue  # declared, wrongly: that problem is reported
                 known = ", ".join(declared) or "none"
                 raise ConfigError(
                     f"--param {name}: {self.source} declares no such parameter (it has: {known})"
@@ -113,7 +153,8 @@ class ScenarioChecker(Fields):
         return values
 
     def substitute(self, path: Path_, value: Any, values: Mapping[str, ParamValue]) -> Any:
-        """`value` with every `${name}` replaced (recursively through tables and arrays)."""
+        """`value` with every `${name}` replaced (recursively through tables and arrays); a
+        reference to no declared parameter is noted, and the value marked broken."""
         if isinstance(value, dict):
             return {k: self.substitute((*path, k), v, values) for k, v in value.items()}
         if isinstance(value, list):
@@ -122,7 +163,10 @@ class ScenarioChecker(Fields):
             return value
         for match in REFERENCE.finditer(value):
             if match.group(1) not in values:
-                self.fail(path, f"${{{match.group(1)}}} is not a declared parameter ([params])")
+                if match.group(1) not in self.broken_params:
+                    self.note(path, f"${{{match.group(1)}}} is not a declared parameter ([params])")
+                self.broken.add(path)
+                return value
         whole = REFERENCE.fullmatch(value)
         if whole:
             return values[whole.group(1)]
@@ -146,18 +190,21 @@ class ScenarioChecker(Fields):
         import dataclasses
 
         path: Path_ = ("engine",)
+        found = len(self.problems)
         if preset not in PRESETS:
-            self.fail((*path, "preset"), f"{preset!r}: choose one of {', '.join(PRESETS)}")
+            self.note((*path, "preset"), f"{preset!r}: choose one of {', '.join(PRESETS)}")
         for i, fix in enumerate(fixes):
             if fix not in FIXES:
-                self.fail((*path, "fixes", i), f"unknown fix {fix!r}; known: {', '.join(FIXES)}")
+                self.note((*path, "fixes", i), f"unknown fix {fix!r}; known: {', '.join(FIXES)}")
         types = {f.name: str(f.type) for f in dataclasses.fields(EngineConfig)}
         for key, value in overrides.items():
             kind = types.get(key)
             if kind is None or key == "preset":
-                self.fail((*path, key), "not an engine setting (see `kvcanary serve --help`)")
-            if not matches(kind, value):
-                self.fail((*path, key), f"expected {kind}, got {value!r}")
+                self.note((*path, key), "not an engine setting (see `kvcanary serve --help`)")
+            elif not matches(kind, value):
+                self.note((*path, key), f"expected {kind}, got {value!r}")
+        if len(self.problems) > found:
+            raise Invalid("engine")  # a configuration of wrong names says nothing more
         try:
             config = EngineConfig.from_preset(preset, **overrides)
             if set(fixes) - config.fixes:
@@ -172,19 +219,23 @@ class ScenarioChecker(Fields):
         path: Path_ = ("client",)
         body = self.table(path, raw)
         self.keys(path, body, ("model", "tokenizer", "timeout_s"))
-        model = self.string((*path, "model"), body.get("model", DISCOVER))
-        timeout = self.number((*path, "timeout_s"), body.get("timeout_s", 120.0))
+        read = partial(self.read, path, body)
+        model = read("model", self.string, DISCOVER)
         return ClientSpec(
             model=None if model == DISCOVER else model,
-            tokenizer=self.string((*path, "tokenizer"), body.get("tokenizer", "cl100k_base")),
-            timeout_s=timeout,
+            tokenizer=read("tokenizer", self.string, "cl100k_base"),
+            timeout_s=read("timeout_s", self.number, 120.0),
         )
 
     def limits(self, raw: Any) -> LimitsSpec:
         path: Path_ = ("limits",)
         body = self.table(path, raw)
         self.keys(path, body, ("pool_tokens", "context_tokens", "page_size"))
-        found = {key: self.limit((*path, key), body.get(key, DISCOVER)) for key in body}
+        found = {
+            key: self.attempt(partial(self.limit, (*path, key), body[key]), None)
+            for key in body
+            if key in ("pool_tokens", "context_tokens", "page_size")
+        }
         return LimitsSpec(**found)
 
     def limit(self, path: Path_, value: Any) -> int | None:
@@ -223,155 +274,43 @@ class ScenarioChecker(Fields):
         if isinstance(raw, str):
             raw = dict.fromkeys(names, raw)
         body = self.table(path, raw)
+        found = len(self.problems)
         for name, variable in body.items():
             if name not in names:
-                self.fail((*path, name), f"no tenant named {name!r}")
-            if not isinstance(variable, str):
-                self.fail((*path, name), "expected the NAME of an environment variable")
-            problem = env_name_problem(variable)
-            if problem is not None:
-                self.fail((*path, name), problem)
+                self.note((*path, name), f"no tenant named {name!r}")
+            elif not isinstance(variable, str):
+                self.note((*path, name), "expected the NAME of an environment variable")
+            elif (problem := env_name_problem(variable)) is not None:
+                self.note((*path, name), problem)
+        if len(self.problems) > found:
+            raise Invalid("api_key_env")
         return dict(body)
-
-    def steps(self, raw: Any, tenants: tuple[str, ...]) -> tuple[Step, ...]:
-        if not isinstance(raw, list) or not raw:
-            self.fail(("steps",), "expected one or more [[steps]] tables")
-        steps = tuple(self.step(("steps", i), body, tenants) for i, body in enumerate(raw))
-        if not any(isinstance(s, SendStep) for s in steps):
-            self.fail(("steps",), "no step sends anything (victims, probes or disconnect)")
-        names = [s.name for s in steps]
-        for i, name in enumerate(names):
-            if names.index(name) != i:
-                self.fail(("steps", i, "name"), f"two steps are named {name!r}")
-        return steps
-
-    def step(self, path: Path_, raw: Any, tenants: tuple[str, ...]) -> Step:
-        body = self.table(path, raw)
-        if "kind" not in body:
-            self.fail(path, "missing `kind` (victims, probes, disconnect or wait)")
-        kind = self.string((*path, "kind"), body["kind"])
-        if kind not in STEP_KEYS:
-            self.fail(
-                (*path, "kind"),
-                f"{kind!r}: expected victims, probes, disconnect, wait or cache_probe",
-            )
-        self.keys(path, body, STEP_KEYS[kind])
-        assert isinstance(path[1], int)
-        name = self.string((*path, "name"), body.get("name", f"{path[1] + 1}-{kind}"))
-        line = self.line_of(path)
-        if kind == "wait":
-            if "seconds" not in body:
-                self.fail(path, "missing `seconds`")
-            return WaitStep(name, line, self.number((*path, "seconds"), body["seconds"]))
-        if kind == "cache_probe":
-            return self.cache_probe(path, body, name, line, tenants)
-        send_kind: SendKind = (
-            "victims" if kind == "victims" else ("probes" if kind == "probes" else "disconnect")
-        )
-        sizes = self.sizes(path, body, send_kind)
-        after_chunks = after_seconds = None
-        if send_kind == "disconnect":
-            if ("after_chunks" in body) == ("after_seconds" in body):
-                self.fail(path, "a disconnect needs `after_chunks` or `after_seconds` (one)")
-            if "after_chunks" in body:
-                after_chunks = self.integer((*path, "after_chunks"), body["after_chunks"], 0)
-            else:
-                after_seconds = self.number((*path, "after_seconds"), body["after_seconds"])
-        step_tenants = self.strings((*path, "tenants"), body.get("tenants", []))
-        for i, tenant in enumerate(step_tenants):
-            if tenant not in tenants:
-                self.fail((*path, "tenants", i), f"no tenant named {tenant!r} (see [tenants])")
-        return SendStep(
-            kind=send_kind,
-            name=name,
-            line=line,
-            sizes=sizes,
-            count=self.integer((*path, "count"), body.get("count", len(sizes)), 1),
-            concurrency=self.integer((*path, "concurrency"), body.get("concurrency", 1), 1),
-            max_tokens=self.integer(
-                (*path, "max_tokens"), body.get("max_tokens", DEFAULT_MAX_TOKENS[send_kind]), 1
-            ),
-            tenants=step_tenants,
-            after_chunks=after_chunks,
-            after_seconds=after_seconds,
-        )
-
-    def cache_probe(
-        self, path: Path_, body: dict[str, Any], name: str, line: int, tenants: tuple[str, ...]
-    ) -> CacheProbeStep:
-        prompt_tokens = body.get("prompt_tokens")
-        fraction = body.get("prefix_fraction", 0.875)
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            self.fail((*path, "prefix_fraction"), f"expected a number, got {fraction!r}")
-        if not 0 < fraction < 1:
-            self.fail((*path, "prefix_fraction"), f"must be between 0 and 1, got {fraction}")
-        salts = body.get("salts", False)
-        if not isinstance(salts, bool):
-            self.fail((*path, "salts"), f"expected true or false, got {salts!r}")
-        step_tenants = self.strings((*path, "tenants"), body.get("tenants", []))
-        for i, tenant in enumerate(step_tenants):
-            if tenant not in tenants:
-                self.fail((*path, "tenants", i), f"no tenant named {tenant!r} (see [tenants])")
-        if step_tenants and len(set(step_tenants)) < 2:
-            self.fail((*path, "tenants"), "the probe needs at least two distinct tenants")
-        return CacheProbeStep(
-            name=name,
-            line=line,
-            trials=self.integer((*path, "trials"), body.get("trials", 20), 5),
-            prompt_tokens=(
-                None
-                if prompt_tokens is None
-                else self.integer((*path, "prompt_tokens"), prompt_tokens, 2)
-            ),
-            prefix_fraction=float(fraction),
-            salts=salts,
-            tenants=step_tenants,
-        )
-
-    def sizes(self, path: Path_, body: dict[str, Any], kind: SendKind) -> tuple[SizeSpec, ...]:
-        key = "size" if kind == "disconnect" else "sizes"
-        if key not in body:
-            self.fail(path, f'missing `{key}` (size expressions such as "pool+1")')
-        raw = [body[key]] if key == "size" else body[key]
-        if not isinstance(raw, list) or not raw:
-            self.fail((*path, key), "expected a list of one or more size expressions")
-        specs = []
-        for i, expr in enumerate(raw):
-            where: Path_ = (*path, key) if key == "size" else (*path, key, i)
-            if isinstance(expr, bool) or not isinstance(expr, str | int | float):
-                self.fail(where, f'expected a size expression such as "pool+1", got {expr!r}')
-            text = str(expr)
-            try:
-                specs.append(SizeSpec(text.replace(" ", ""), text, INTENTS[kind]))
-            except ConfigError as exc:
-                self.fail(where, str(exc))
-        return tuple(specs)
 
     def expect(self, raw: Any) -> Expectation:
         path: Path_ = ("expect",)
         body = self.table(path, raw)
         self.keys(path, body, ("outcome", "must_include", "must_not_include"))
         if "outcome" not in body:
-            self.fail(path, 'missing `outcome` ("leak" or "clean")')
+            self.fail(path, f"missing `outcome` ({_OUTCOMES})")
         outcome = self.string((*path, "outcome"), body["outcome"])
-        if outcome not in ("leak", "clean"):
-            self.fail((*path, "outcome"), f'{outcome!r}: expected "leak" or "clean"')
-        include = self.kinds((*path, "must_include"), body.get("must_include", []))
-        exclude = self.kinds((*path, "must_not_include"), body.get("must_not_include", []))
-        if outcome == "clean" and (include or exclude):
+        if outcome not in (Verdict.LEAK, Verdict.CLEAN):
+            self.fail((*path, "outcome"), f"{outcome!r}: expected {_OUTCOMES}")
+        include = self.read(path, body, "must_include", self.kinds, ())
+        exclude = self.read(path, body, "must_not_include", self.kinds, ())
+        if outcome == Verdict.CLEAN and (include or exclude):
             key = "must_include" if include else "must_not_include"
             self.fail((*path, key), "a clean outcome allows no finding at all; remove this list")
         both = set(include) & set(exclude)
         if both:
             self.fail((*path, "must_not_include"), f"{', '.join(sorted(both))} is also required")
-        return Expectation("leak" if outcome == "leak" else "clean", include, exclude)
+        if outcome == Verdict.LEAK:
+            return Expectation(Verdict.LEAK, include, exclude)
+        return Expectation(Verdict.CLEAN, include, exclude)
 
     def kinds(self, path: Path_, raw: Any) -> tuple[FindingKind, ...]:
         names = self.strings(path, raw)
-        known = {str(kind) for kind in FindingKind}
+        known = [str(kind) for kind in FindingKind]
         for i, name in enumerate(names):
             if name not in known:
-                self.fail((*path, i), f"unknown finding kind {name!r}; known: {', '.join(known)}")
-        return tuple(FindingKind(name) for name in names)
-
-    # -- typed values --------------------------------------------------------------
+                self.note((*path, i), f"unknown finding kind {name!r}; known: {', '.join(known)}")
+        return tuple(FindingKind(name) for name in names if name in known)

@@ -1,17 +1,32 @@
 """The generic half of scenario validation: where each key was written, and typed reads of
 TOML values that fail with `FILE:LINE: FIELD: problem` (`harness.scenarios.checker` holds
-the scenario-specific half)."""
+the scenario-specific half).
+
+Every problem of a file is reported at once, in file order: a read that fails notes its
+problem and abandons only the part it was reading (`Fields.attempt` is where checking picks
+up again), and `Fields.checked` raises one `ConfigError` naming them all. A value whose
+`${param}` could not be substituted is noted once; reads under it stay silent.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, NoReturn, TypeVar
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.run.option_values import parse_url
 from kvcanary.harness.scenarios.schema import Param, ParamValue, Path_, parse_param_value
+
+_T = TypeVar("_T")
+_F = TypeVar("_F")
+
+
+class Invalid(Exception):
+    """A problem already noted: stop checking the part being read (see `Fields.attempt`)."""
+
 
 # -- where each key was written ----------------------------------------------------------
 
@@ -82,11 +97,15 @@ def _code(line: str) -> str:
 
 
 class Fields:
-    """Typed reads of a parsed document; every error names the file, the line and the field."""
+    """Typed reads of a parsed document; every problem names the file, the line and the field."""
 
     def __init__(self, source: str, text: str) -> None:
         self.source = source
         self.lines = key_lines(text)
+        self.problems: list[tuple[int, str]] = []
+        """(line, `FILE:LINE: FIELD: problem`) in the order they were found."""
+        self.broken: set[Path_] = set()
+        """Values whose problem is noted already: nothing under them is reported again."""
 
     def line_of(self, path: Path_) -> int:
         """The line of `path`, or of its nearest enclosing key or table; 1 if none."""
@@ -96,15 +115,60 @@ class Fields:
                 return line
         return 1
 
+    def note(self, path: Path_, message: str) -> None:
+        """Record a problem at `path` and go on checking."""
+        if any(path[:end] in self.broken for end in range(len(path) + 1)):
+            return
+        line = self.line_of(path)
+        self.problems.append((line, f"{self.source}:{line}: {_field(path)}: {message}"))
+
     def fail(self, path: Path_, message: str) -> NoReturn:
-        raise ConfigError(f"{self.source}:{self.line_of(path)}: {_field(path)}: {message}")
+        """Record a problem at `path` and abandon the part being read."""
+        self.note(path, message)
+        raise Invalid(message)
+
+    def attempt(self, read: Callable[[], _T], fallback: _F) -> _T | _F:
+        """`read()`, or `fallback` when it failed (its problems noted): checking goes on."""
+        try:
+            return read()
+        except Invalid:
+            return fallback
+
+    def checked(self, read: Callable[[], _T]) -> _T:
+        """`read()` when the document has no problem; else one `ConfigError` naming every
+        problem, in file order (one problem: its line alone)."""
+        try:
+            result = read()
+        except Invalid:
+            assert self.problems, "a part was abandoned without a problem noted"
+        if self.problems:
+            found = [text for _, text in sorted(self.problems, key=lambda item: item[0])]
+            if len(found) == 1:
+                raise ConfigError(found[0])
+            raise ConfigError("\n".join([f"{self.source}: {len(found)} problems", *found]))
+        return result
+
+    def read(
+        self,
+        path: Path_,
+        body: Mapping[str, Any],
+        key: str,
+        read: Callable[[Path_, Any], _T],
+        default: _F,
+    ) -> _T | _F:
+        """`read((*path, key), body[key])` (the default where the key is absent); the default
+        also stands in when the value is wrong, its problem noted."""
+        if key not in body:
+            return default
+        return self.attempt(partial(read, (*path, key), body[key]), default)
 
     # -- the document --------------------------------------------------------------
 
     def keys(self, path: Path_, body: Mapping[str, Any], allowed: Sequence[str]) -> None:
+        """Note every key of `body` that is not `allowed` (the rest is still checked)."""
         for key in body:
             if key not in allowed:
-                self.fail((*path, key), f"unknown key (expected one of: {', '.join(allowed)})")
+                self.note((*path, key), f"unknown key (expected one of: {', '.join(allowed)})")
 
     def table(self, path: Path_, raw: Any) -> dict[str, Any]:
         if not isinstance(raw, dict):
@@ -121,7 +185,13 @@ class Fields:
     def strings(self, path: Path_, raw: Any) -> tuple[str, ...]:
         if not isinstance(raw, list):
             self.fail(path, f"expected a list of strings, got {_kind(raw)}")
-        return tuple(self.string((*path, i), item) for i, item in enumerate(raw))
+        found = len(self.problems)
+        items = tuple(
+            self.attempt(partial(self.string, (*path, i), item), "") for i, item in enumerate(raw)
+        )
+        if len(self.problems) > found:
+            raise Invalid(f"{_field(path)}: a bad item")
+        return items
 
     def integer(self, path: Path_, raw: Any, minimum: int) -> int:
         if isinstance(raw, bool) or not isinstance(raw, int):

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvcanary.harness.record.verdict import Reproduction
+from kvcanary.harness.record.verdict import Reproduction, Verdict
 from kvcanary.harness.run.runner import RunOutcome
 from kvcanary.harness.scenarios.schema import CacheProbeStep, Expectation, Scenario, SendStep, Step
 
@@ -34,7 +34,7 @@ class StepReport:
     findings: Mapping[str, int] = field(default_factory=dict)
     ended: str = "completed"
     probe_verdict: str | None = None
-    """A cache_probe step's verdict: `leak`, `clean` or `inconclusive`."""
+    """A cache_probe step's verdict: `leak`, `unsafe`, `clean` or `inconclusive`."""
     probe_reasons: tuple[str, ...] = ()
 
     @classmethod
@@ -85,7 +85,7 @@ def judge(
     found = {kind: n for kind, n in findings.items() if n}
     problems = _problems(steps, ended)
     num_requests = sum(s.num_requests for s in steps)
-    if expect.outcome == "clean":
+    if expect.outcome == Verdict.CLEAN:
         if found:
             return Reproduction.NOT_REPRODUCED, (f"the clean control leaked: {_counts(found)}",)
         if problems:
@@ -119,7 +119,7 @@ def _problems(steps: Sequence[StepReport], ended: str) -> tuple[str, ...]:
         problems.append(f"the run ended early ({ended}) after {len(steps)} step(s)")
     for report in steps:
         step = report.step
-        if isinstance(step, CacheProbeStep) and report.probe_verdict == "inconclusive":
+        if isinstance(step, CacheProbeStep) and report.probe_verdict == Verdict.INCONCLUSIVE:
             problems.append(f"{report.label}: isolation unverifiable: {report.probe_reasons[0]}")
         if not isinstance(step, SendStep):
             continue

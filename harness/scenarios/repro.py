@@ -1,6 +1,6 @@
 """`kvcanary repro`: run a scenario's ordered steps, then judge what was found against it.
 
-The run is put together by `harness.run.wiring`, as `kvcanary run`'s is: tenants and their
+The run is composed by `harness.run.assembly`, as `kvcanary run`'s is: tenants and their
 credential variables first; the target, or the scenario's bundled engine on a free loopback
 port; the target's limits (the scenario's figures first) and model; the planner, target
 client and the three detectors; the journal (`run_started` first); finally the render, so a
@@ -12,6 +12,7 @@ settings, its steps (`harness.scenarios.steps`) and its verdict (`harness.scenar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from dataclasses import dataclass
@@ -20,22 +21,20 @@ from typing import IO
 
 import httpx
 
-from kvcanary.canaries import Tokenizer
 from kvcanary.canaries.errors import ConfigError, RunIncomplete
 from kvcanary.harness.detectors.timing import TimingDetector
 from kvcanary.harness.record.events import FindingRecorded, Limits, RunFinished, TimingFitted
 from kvcanary.harness.record.journal import JOURNAL_NAME
 from kvcanary.harness.record.verdict import Reproduction
 from kvcanary.harness.run import wiring
+from kvcanary.harness.run.assembly import Blueprint, Declared, assembled, on_target
 from kvcanary.harness.run.interrupts import sigterm_as_interrupt
-from kvcanary.harness.run.out_dir import fresh_out_dir, new_run_id
+from kvcanary.harness.run.out_dir import RunIdentity, fresh_out_dir, new_run_id
 from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.run.run_journal import Journal
 from kvcanary.harness.scenarios.judge import ReproResult, StepReport, judge
 from kvcanary.harness.scenarios.schema import Scenario
 from kvcanary.harness.scenarios.steps import DeferredFinish, Steps
-from kvcanary.harness.target.calibration import PromptTokenOffset, planning_limits
-from kvcanary.tenants.planner import Planner
-from kvcanary.tenants.tenant import Tenant
 from kvcanary.tenants.workload import WorkloadProfile
 
 # -- running a scenario ----------------------------------------------------------------
@@ -58,75 +57,107 @@ def run_repro(
     Raises `ConfigError` for unusable input (exit 2); every other ending is a verdict.
     `engine_processes=False` runs the bundled engine in this process (faster to start).
     """
-    tenants = scenario.tenants.build(api_key_env)
-    wiring.check_credentials(tenants)
     url = target or scenario.target
     if url is None and scenario.engine is None:
         raise ConfigError(f"scenario {scenario.name} runs against a deployment: pass --target URL")
-    out_dir = fresh_out_dir(out)
     display = ProgressDisplay(num_requests=scenario.num_requests, file=file, live=live)
+    repro = _Repro(
+        scenario,
+        _blueprint(scenario, api_key_env, out, keep_raw_evidence, transport),
+        display,
+        [],
+    )
     display.note(f"scenario {scenario.name}: expects {scenario.expect.describe()}")
-    if url is not None and scenario.engine is not None:
-        display.note(
-            f"--target given: the scenario's [engine] ({scenario.engine.preset}) is not used"
+    engine = None
+    if scenario.engine is not None:
+        if url is not None:
+            display.note(
+                f"--target given: the scenario's [engine] ({scenario.engine.preset}) is not used"
+            )
+        engine = wiring.bundled_engine(
+            scenario.engine.preset,
+            fixes=scenario.engine.fixes,
+            overrides=scenario.engine.overrides,
+            processes=engine_processes,
+            display=display,
         )
-    reports: list[StepReport] = []
-    ended = "completed"
-    why: tuple[str, ...] = ()
-    repro = _Repro(scenario, out_dir, tenants, display, keep_raw_evidence, transport, reports)
     with sigterm_as_interrupt():  # a CI job's timeout still gets the evidence rendered
-        try:
-            if url is not None:
-                ended = asyncio.run(_run(repro, url))
-            else:
-                assert scenario.engine is not None
-                engine = wiring.bundled_engine(
-                    scenario.engine.preset,
-                    fixes=scenario.engine.fixes,
-                    overrides=scenario.engine.overrides,
-                    processes=engine_processes,
-                    display=display,
-                )
-                with engine as url:
-                    ended = asyncio.run(_run(repro, url))
-        except RunIncomplete as exc:
-            if not (out_dir / JOURNAL_NAME).exists():
-                return ReproResult(
-                    scenario, Reproduction.INCONCLUSIVE, (str(exc),), None, target=url
-                )
-            ended, why = "error", (str(exc),)
-        except KeyboardInterrupt:
-            if not (out_dir / JOURNAL_NAME).exists():
-                return ReproResult(
-                    scenario, Reproduction.INCONCLUSIVE, ("interrupted",), None, target=url
-                )
-            ended = "interrupted"
-        return _finish(scenario, url, out_dir, reports, ended, why, keep_raw_evidence, display)
+        ended, why = _send(repro, url, engine)
+        if ended is None:
+            return ReproResult(scenario, Reproduction.INCONCLUSIVE, why, None, target=url)
+        return _finish(repro, url, ended, why)
 
 
-def _finish(
+def _blueprint(
     scenario: Scenario,
-    url: str | None,
-    out_dir: Path,
-    reports: list[StepReport],
-    ended: str,
-    why: tuple[str, ...],
+    api_key_env: str | None,
+    out: str | Path | None,
     keep_raw_evidence: bool,
-    display: ProgressDisplay,
-) -> ReproResult:
-    rendered = wiring.render(out_dir, keep_raw_evidence=keep_raw_evidence, display=display)
+    transport: httpx.AsyncBaseTransport | None,
+) -> Blueprint:
+    """What a scenario settles before the target is contacted (checked before any I/O)."""
+    tenants = scenario.tenants.build(api_key_env)
+    wiring.check_credentials(tenants)
+    tokenizer = wiring.local_tokenizer(
+        scenario.client.tokenizer, f"{scenario.source}: [client] tokenizer"
+    )
+    seed = scenario.seed if scenario.seed is not None else random.SystemRandom().randrange(2**32)
+    spec = scenario.limits
+    return Blueprint(
+        out_dir=fresh_out_dir(out),
+        tenants=tenants,
+        profile=_profile(scenario),
+        identity=RunIdentity(new_run_id(), seed, 0, 0, resumed=False),
+        seeded=scenario.seed is not None,
+        api="completions",
+        tokenizer=tokenizer,
+        declared=Declared(
+            spec.pool_tokens,
+            spec.context_tokens,
+            spec.page_size,
+            scenario.client.model,
+            f"set [client] model in {scenario.source}",
+        ),
+        timeout_s=scenario.client.timeout_s,
+        max_in_flight=max((step.concurrency for step in scenario.send_steps), default=1),
+        keep_raw_evidence=keep_raw_evidence,
+        lace_every_page=True,
+        transport=transport,
+    )
+
+
+def _send(
+    repro: _Repro, url: str | None, engine: contextlib.AbstractContextManager[str] | None
+) -> tuple[str | None, tuple[str, ...]]:
+    """Run the steps; how the run ended (None: nothing was journaled) and why."""
+    journal = repro.blueprint.out_dir / JOURNAL_NAME
+    try:
+        return on_target(url, engine, lambda base_url: _run(repro, base_url)), ()
+    except RunIncomplete as exc:
+        return ("error" if journal.exists() else None), (str(exc),)
+    except KeyboardInterrupt:
+        if journal.exists():
+            return "interrupted", ()  # the judgement says the run ended early
+        return None, ("interrupted",)
+
+
+def _finish(repro: _Repro, url: str | None, ended: str, why: tuple[str, ...]) -> ReproResult:
+    out_dir = repro.blueprint.out_dir
+    rendered = wiring.render(
+        out_dir, keep_raw_evidence=repro.blueprint.keep_raw_evidence, display=repro.display
+    )
     # the journal is the record: findings counted there include the timing detector's
     # end-of-run ones, which no step saw
     findings = rendered.summary["counts"]["findings"]
-    verdict, reasons = judge(scenario.expect, findings, reports, ended)
+    verdict, reasons = judge(repro.scenario.expect, findings, repro.reports, ended)
     return ReproResult(
-        scenario=scenario,
+        scenario=repro.scenario,
         verdict=verdict,
         reasons=(*why, *reasons),
         out_dir=out_dir,
         target=url,
         findings={k: int(n) for k, n in findings.items() if n},
-        steps=tuple(reports),
+        steps=tuple(repro.reports),
         outputs=dict(rendered.paths),
         render_errors=dict(rendered.errors),
     )
@@ -137,65 +168,29 @@ class _Repro:
     """What a reproduction settled before the target was contacted."""
 
     scenario: Scenario
-    out_dir: Path
-    tenants: list[Tenant]
+    blueprint: Blueprint
     display: ProgressDisplay
-    keep_raw_evidence: bool
-    transport: httpx.AsyncBaseTransport | None
     reports: list[StepReport]
     """Fills in as steps end (also when the run is cut short)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """What first contact with the target settled."""
-
-    target: wiring.Contact
-    planner: Planner
-    calibration: PromptTokenOffset | None
-    seed: int
-    run_id: str
 
 
 async def _run(repro: _Repro, base_url: str) -> str:
     """Send every step; returns how the run ended."""
     scenario, display = repro.scenario, repro.display
-    max_in_flight = max((step.concurrency for step in scenario.send_steps), default=1)
-    timeout_s = scenario.client.timeout_s
-    async with wiring.http_client(max_in_flight, timeout_s, repro.transport) as http:
-        prepared = await _prepare(repro, http, base_url)
-        target, planner = prepared.target, prepared.planner
-        client = wiring.target_client(http, target, timeout_s)
-        await asyncio.to_thread(repro.out_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
-        journal = wiring.Journal(repro.out_dir, display)
-        timing = TimingDetector()
-        detectors = wiring.detectors(
-            planner.index,
-            target.limits,
-            keep_raw_evidence=repro.keep_raw_evidence,
-            timing=DeferredFinish(timing),
-            calibration=prepared.calibration,
-        )
-        steps = Steps(
-            scenario, planner, client, repro.tenants, detectors, journal.emit,
-            repro.keep_raw_evidence, target.limits,
-        )  # fmt: skip
+    timing = TimingDetector()
+    async with assembled(
+        repro.blueprint,
+        base_url,
+        display,
+        settings=lambda _: scenario.to_record(),
+        vet=lambda limits: _check_sizes(scenario, limits),
+        timing=DeferredFinish(timing),
+    ) as run:
+        steps = Steps(scenario, run, display)
         ended, message = "error", None
         try:
-            journal.emit(
-                wiring.run_started(
-                    target,
-                    run_id=prepared.run_id,
-                    api="completions",
-                    tenants=repro.tenants,
-                    seed=prepared.seed,
-                    minter=planner.minter,
-                    settings=scenario.to_record(),
-                )
-            )
-            display.note(f"journal: {journal.path}")
             with display:
-                ended = await steps.run(display, repro.reports)
+                ended = await steps.run(repro.reports)
         except asyncio.CancelledError:
             ended, message = "interrupted", "the run was cancelled"
             raise
@@ -204,49 +199,12 @@ async def _run(repro: _Repro, base_url: str) -> str:
             raise
         finally:
             if ended != "error":
-                _finish_timing(timing, journal)
-            journal.emit(RunFinished(ended, time.time(), steps.num_requests, message))
-            journal.close()
+                _finish_timing(timing, run.journal)
+            run.journal.finish(RunFinished(ended, time.time(), steps.num_requests, message))
         return ended
 
 
-async def _prepare(repro: _Repro, http: httpx.AsyncClient, base_url: str) -> _Prepared:
-    """Contact, limits, tokenizer, calibration and the planner."""
-    scenario, display = repro.scenario, repro.display
-    spec = scenario.limits
-    target = await wiring.contact(
-        http,
-        base_url,
-        repro.tenants[0],
-        pool_tokens=spec.pool_tokens,
-        context_tokens=spec.context_tokens,
-        page_size=spec.page_size,
-        model=scenario.client.model,
-        how_to_name_model=f"set [client] model in {scenario.source}",
-        display=display,
-    )
-    _check_sizes(scenario, target.limits)
-    seed = scenario.seed
-    seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
-    run_id = new_run_id()
-    tokenizer = wiring.local_tokenizer(
-        scenario.client.tokenizer, f"{scenario.source}: [client] tokenizer"
-    )
-    calibration = await wiring.calibrate(
-        http,
-        target,
-        "completions",
-        tokenizer,
-        repro.tenants[0],
-        chat_overhead_tokens=0,
-        display=display,
-    )
-    limits = planning_limits(target.limits, calibration)
-    planner = _planner(scenario, repro.tenants, tokenizer, limits, seed, run_id)
-    return _Prepared(target, planner, calibration, seed, run_id)
-
-
-def _finish_timing(timing: TimingDetector, journal: wiring.Journal) -> None:
+def _finish_timing(timing: TimingDetector, journal: Journal) -> None:
     """The timing detector's end-of-run pass, once, after the last step."""
     for finding in timing.finish():
         journal.emit(FindingRecorded(finding, t_wall=time.time()))
@@ -265,31 +223,15 @@ def _check_sizes(scenario: Scenario, limits: Limits) -> None:
                 raise ConfigError(f"{scenario.where(step, key)}: {exc}") from None
 
 
-def _planner(
-    scenario: Scenario,
-    tenants: list[Tenant],
-    tokenizer: Tokenizer,
-    limits: Limits,
-    seed: int,
-    run_id: str,
-) -> Planner:
+def _profile(scenario: Scenario) -> WorkloadProfile:
+    """The scenario's sizes as a workload profile (the planner's streams; steps pick)."""
     sizes = {kind: [s for step in scenario.send_steps if step.kind == kind for s in step.sizes]
              for kind in ("victims", "probes", "disconnect")}  # fmt: skip
-    profile = WorkloadProfile(
+    return WorkloadProfile(
         name=f"scenario:{scenario.name}",
         description=scenario.summary,
         victims=sizes["victims"],
         probes=[*sizes["probes"], *sizes["disconnect"]],
-    )
-    return Planner(
-        tenants,
-        profile,
-        tokenizer,
-        wiring.canary_minter(seed, run_id, seeded=scenario.seed is not None),
-        limits,
-        api="completions",
-        page_size=limits.page_size,
-        seed=seed,
     )
 
 

@@ -16,11 +16,13 @@ type, so `pool_tokens = "${pool}"` can become an integer). `--param name=value` 
 default; the value is read as a TOML literal when it is one (`284928`, `0.5`, `true`) and
 as text otherwise.
 
-Every schema error is a `ConfigError` of one line, `FILE:LINE: FIELD: problem`. `tomllib`
-gives line numbers only for syntax errors, so `harness.scenarios.fields` scans the source
-text for the line where each key (or table header) was written; fields are named like
-`steps[2].sizes` with array items counted from 1. The checks themselves are in
-`harness.scenarios.checker`.
+Every schema problem is a line `FILE:LINE: FIELD: problem`, and a file's problems are
+reported together, in file order, in one `ConfigError` (one problem: that line alone; more:
+`FILE: N problems` and then one line each). `tomllib` gives line numbers only for syntax
+errors, so `harness.scenarios.fields` scans the source text for the line where each key (or
+table header) was written; fields are named like `steps[2].sizes` with array items counted
+from 1. The checks themselves are in `harness.scenarios.checker` and
+`harness.scenarios.step_checker`.
 
 What it deliberately does not know: how steps are executed (`harness.scenarios.repro`) or what the
 bundled engine does with its overrides; it only checks override names and types against
@@ -40,11 +42,13 @@ from typing import Any, Literal
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.record.finding import FindingKind
+from kvcanary.harness.record.verdict import Verdict
 from kvcanary.tenants.plan import Intent
 from kvcanary.tenants.size import SizeSpec
 from kvcanary.tenants.tenant import Tenant
 
-Outcome = Literal["leak", "clean"]
+Outcome = Literal[Verdict.LEAK, Verdict.CLEAN]
+"""What a scenario expects: the two verdicts a reproduction can be judged against."""
 SendKind = Literal["victims", "probes", "disconnect"]
 ParamValue = str | int | float | bool
 Path_ = tuple[str | int, ...]
@@ -204,9 +208,9 @@ class Expectation:
     """leak: none of these kinds may be found. A `clean` outcome forbids every kind."""
 
     def describe(self) -> str:
-        if self.outcome == "clean":
+        if self.outcome == Verdict.CLEAN:
             return "clean (no finding of any kind)"
-        text = "leak"
+        text = str(Verdict.LEAK)
         if self.must_include:
             text += f" with {', '.join(self.must_include)}"
         if self.must_not_include:

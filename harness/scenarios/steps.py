@@ -5,8 +5,9 @@ interleaved by weighted round robin, while a scenario's steps are strict blocks 
 victim answered before the first probe is sent; a disconnect finished before the next owner
 arrives). Each send step is therefore one runner over a one-phase workload with a budget of
 the step's `count`, sharing the run's journal, canary index and detectors; a `wait` step
-sleeps between them. The runner's own `run_finished` is held back and one is written at the
-end, and the timing detector's end-of-run re-evaluation runs once, after the last step.
+sleeps between them. The runners' own `run_finished` records are held back by the journal
+(`harness.run.run_journal`) and one is written at the end, and the timing detector's
+end-of-run re-evaluation runs once, after the last step.
 
 A `disconnect` step with `after_seconds` wraps the client: the connection is dropped that
 long after sending, whether or not the response has begun. That reaches a request still
@@ -20,62 +21,54 @@ import asyncio
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Iterator
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.detectors.timing import TimingDetector
-from kvcanary.harness.record.events import Event, Limits, PhaseStarted, RunFinished
+from kvcanary.harness.record.events import PhaseStarted
 from kvcanary.harness.record.finding import Finding
 from kvcanary.harness.record.observation import Observation, TextSink
 from kvcanary.harness.record.ttft_model import TtftModel
 from kvcanary.harness.run.arrivals import ClosedLoop
+from kvcanary.harness.run.assembly import Assembly
+from kvcanary.harness.run.phases import Budget, Phase, Workload
 from kvcanary.harness.run.probe_phase import run_probe_phase
 from kvcanary.harness.run.progress import ProgressDisplay
-from kvcanary.harness.run.runner import Budget, Detectors, Phase, Runner, Sender, Workload
+from kvcanary.harness.run.runner import Runner
+from kvcanary.harness.run.seams import Sender
 from kvcanary.harness.scenarios.judge import StepReport
 from kvcanary.harness.scenarios.schema import CacheProbeStep, Scenario, SendStep, Step, WaitStep
 from kvcanary.harness.target.client import TargetClient
 from kvcanary.tenants.plan import RequestPlan
-from kvcanary.tenants.planner import Planner
 from kvcanary.tenants.tenant import Tenant
 
 
 class Steps:
-    """Runs a scenario's steps in order, one runner per send step."""
+    """Runs a scenario's steps in order, one runner per send step, on the composed run."""
 
-    def __init__(
-        self,
-        scenario: Scenario,
-        planner: Planner,
-        client: TargetClient,
-        tenants: list[Tenant],
-        detectors: Detectors,
-        emit: Callable[[Event], None],
-        keep_raw_evidence: bool,
-        limits: Limits,
-    ) -> None:
+    def __init__(self, scenario: Scenario, run: Assembly, display: ProgressDisplay) -> None:
         self.scenario = scenario
-        self.limits = limits
-        self.planner = planner
-        self.client = client
+        self.assembly = run
+        self.planner = run.planner
+        self.display = display
+        tenants = run.blueprint.tenants
         self.tenants = {t.name: t for t in tenants}
         self.tenant_index = {t.name: i for i, t in enumerate(tenants)}
-        self.detectors = detectors
-        self.emit = emit
-        self.keep_raw_evidence = keep_raw_evidence
+        self.emit = run.journal.emit
         self.num_requests = 0
 
-    async def run(self, display: ProgressDisplay, reports: list[StepReport]) -> str:
+    async def run(self, reports: list[StepReport]) -> str:
         num_steps = len(self.scenario.steps)
         for number, step in enumerate(self.scenario.steps, start=1):
-            display.note(f"step {number}/{num_steps}: {describe(step)}")
+            self.display.note(f"step {number}/{num_steps}: {describe(step)}")
             if isinstance(step, WaitStep):
                 self.emit(PhaseStarted(step.name, t_wall=time.time()))
                 await asyncio.sleep(step.seconds)
                 reports.append(StepReport(number, step))
                 continue
             if isinstance(step, CacheProbeStep):
-                reports.append(await self._cache_probe(number, step, display))
+                reports.append(await self._cache_probe(number, step))
                 continue
             runner = self._runner(step)
             try:
@@ -87,25 +80,27 @@ class Steps:
                 return outcome.reason
         return "completed"
 
-    async def _cache_probe(
-        self, number: int, step: CacheProbeStep, display: ProgressDisplay
-    ) -> StepReport:
+    async def _cache_probe(self, number: int, step: CacheProbeStep) -> StepReport:
         from kvcanary.harness.cache_probe.probe import settings_for
 
         names = step.tenants or tuple(self.tenants)
         fields: dict[str, object] = {"num_trials": step.trials, "seed": self.planner.seed}
         if step.prompt_tokens is not None:
             fields["num_prompt_tokens"] = step.prompt_tokens
+        run = self.assembly
         try:
-            settings = settings_for(self.limits, prefix_fraction=step.prefix_fraction, **fields)
+            settings = settings_for(
+                run.target.limits, prefix_fraction=step.prefix_fraction, **fields
+            )
             result, num_requests = await run_probe_phase(
-                self.client,
+                run.client,
                 [self.tenants[n] for n in names],
                 self.planner.tokenizer,
                 settings,
                 salts=step.salts,
                 emit=self.emit,
-                display=display,
+                display=self.display,
+                counters=run.cache_counters(),
             )
         except ConfigError as exc:
             raise ConfigError(f"{self.scenario.where(step, 'prompt_tokens')}: {exc}") from None
@@ -116,15 +111,16 @@ class Steps:
             step,
             num_requests=num_requests,
             num_ok=len(result.outcomes) - failed,
-            findings={"shared_prefix_cache": len(result.findings)} if result.findings else {},
+            findings=dict(Counter(str(f.kind) for f in result.findings)),
             probe_verdict=result.verdict,
             probe_reasons=result.assessment.reasons,
         )
 
     def _runner(self, step: SendStep) -> Runner:
-        sender: Sender = self.client
+        run = self.assembly
+        sender: Sender = run.client
         if step.after_seconds is not None:
-            sender = _DropAfter(self.client, step.after_seconds)
+            sender = _DropAfter(run.client, step.after_seconds)
         return Runner(
             sender=sender,
             tenants=self.tenants,
@@ -132,11 +128,11 @@ class Steps:
                 {step.intent: self._plans(step)}, [Phase(step.name, 1.0, {step.intent: 1.0})]
             ),
             index=self.planner.index,
-            detectors=self.detectors,
-            emit=self._emit_held,
+            detectors=run.detectors,
+            emit=self.emit,  # the journal holds each step's run_finished: the run writes one
             pacing=ClosedLoop(step.concurrency),
             budget=Budget(num_requests=step.count),
-            keep_raw_evidence=self.keep_raw_evidence,
+            keep_raw_evidence=run.blueprint.keep_raw_evidence,
             num_previous_requests=self.num_requests,
         )
 
@@ -155,11 +151,6 @@ class Steps:
             yield dataclasses.replace(
                 plan, max_tokens=step.max_tokens, disconnect_after_chunks=step.after_chunks
             )
-
-    def _emit_held(self, event: Event) -> None:
-        """Every event but a step's `run_finished`: the run has one, written at its end."""
-        if not isinstance(event, RunFinished):
-            self.emit(event)
 
 
 class DeferredFinish:

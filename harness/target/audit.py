@@ -79,7 +79,7 @@ class SideVerdict(StrEnum):
     """What the audit concluded about one side."""
 
     OK = "ok"
-    POOL_SMALLER_THAN_CONTEXT = "pool_smaller_than_context"
+    POOL_SMALLER_THAN_CONTEXT = FindingKind.POOL_SMALLER_THAN_CONTEXT.value
     UNKNOWN = "unknown"
 
 

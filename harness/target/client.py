@@ -26,33 +26,10 @@ Timestamps (one process, `time.perf_counter_ns`):
                       arrived (stamped before that event was parsed); non-streaming: the body
     t_done_ns         the response was finished with: read to its end, failed, or dropped
 
-Every failure is mapped to an `ErrorKind` in exactly one place, `_error_of`:
-
-    BaseException
-    ├── asyncio.CancelledError ........................ propagates (never swallowed)
-    └── Exception
-        ├── canaries.errors.ConfigError ................ propagates (tenant credential unset)
-        ├── TimeoutError (our per-request deadline) ... timeout
-        ├── sse_stream.ResponseTooLarge ............... too_large  (decoded bytes past the bound)
-        ├── bounded.ErrorInSuccess .................... error_in_success  an error object
-        │                                                          ({"object": "error"},
-        │                                                          {"error": ...}) or SSE error
-        │                                                          event after a 2xx status
-        ├── sse_stream.StreamViolation ................ protocol   bad or too deep JSON, wrong
-        │                                                          content type or encoding,
-        │                                                          usage counts out of range
-        └── httpx.HTTPError
-            ├── ConnectTimeout, ConnectError,
-            │   UnsupportedProtocol, ProxyError ....... connect
-            ├── TimeoutException (read/write/pool) .... timeout
-            ├── NetworkError, RemoteProtocolError ..... truncated after the response head,
-            │                                           connect / protocol before it
-            └── anything else (DecodingError,
-                LocalProtocolError, ...) ............... protocol
-    no exception, but:
-        a non-2xx status .............................. http_status (error body kept, bounded)
-        the harness dropped the stream on purpose ..... disconnected (`disconnect_after_chunks`)
-        the stream ended without [DONE]/finish_reason . truncated
+Every failure becomes an `ErrorKind` and a line in one place: an exception by
+`transport_errors.failure_of` (its tree is drawn there), an answer that is no success here
+(`_error_of`: a non-2xx status is `http_status`, a stream the harness dropped on purpose
+`disconnected`, one that ended without [DONE] or a finish_reason `truncated`).
 """
 
 from __future__ import annotations
@@ -69,7 +46,7 @@ import httpx
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.record.observation import ErrorKind, Observation, TextSink
-from kvcanary.harness.target.bounded import ErrorInSuccess, take_over_decoding
+from kvcanary.harness.target.bounded import take_over_decoding
 from kvcanary.harness.target.http_client import HttpClient, ssl_context
 from kvcanary.harness.target.http_client import default_limits as default_limits
 from kvcanary.harness.target.http_client import default_timeout as default_timeout
@@ -83,6 +60,7 @@ from kvcanary.harness.target.sse_stream import (
     StreamViolation,
     Transcript,
 )
+from kvcanary.harness.target.transport_errors import failure_of
 from kvcanary.tenants.plan import ApiStyle, RequestPlan
 from kvcanary.tenants.tenant import Tenant
 
@@ -365,8 +343,7 @@ def _error_of(
     transcript: Transcript,
     deadline_s: float | None,
 ) -> tuple[ErrorKind, str] | None:
-    """The one mapping from what went wrong to an error kind and a one-line message."""
-    got_head = exchange.status is not None
+    """What went wrong, as an error kind and a one-line message (None: nothing did)."""
     if failure is None:
         if exchange.status is not None and not 200 <= exchange.status < 300:
             body = exchange.error_body.decode("utf-8", errors="replace")
@@ -376,30 +353,7 @@ def _error_of(
         if not transcript.complete:
             return "truncated", "the response ended without [DONE] or a finish_reason"
         return None
-    message = f"{type(failure).__name__}: {failure}"[:ERROR_EXCERPT_CHARS]
-    kind: ErrorKind
-    match failure:
-        case TimeoutError():
-            kind, message = "timeout", f"no complete response within the {deadline_s} s deadline"
-        case ResponseTooLarge():
-            kind = "too_large"
-        case ErrorInSuccess():
-            kind = "error_in_success"
-        case StreamViolation():
-            kind = "protocol"
-        case httpx.ConnectTimeout() | httpx.ConnectError() | httpx.UnsupportedProtocol():
-            kind = "connect"
-        case httpx.ProxyError():
-            kind = "connect"
-        case httpx.TimeoutException():
-            kind = "timeout"
-        case httpx.NetworkError() | httpx.RemoteProtocolError() if got_head:
-            kind = "truncated"
-        case httpx.NetworkError():
-            kind = "connect"
-        case _:
-            kind = "protocol"
-    return kind, message
+    return failure_of(failure, got_head=exchange.status is not None, deadline_s=deadline_s)
 
 
 def _parse_base_url(base_url: str) -> str:

@@ -1,5 +1,6 @@
 """The response shapes of SGLang's server info and vLLM's metrics, turned into `SideFacts`
-(`harness.target.server_info` fetches them)."""
+(`harness.target.server_info` fetches them), and each engine's documented answer to a
+prompt that fits the context while prompt + max_tokens does not (`max_tokens_policy`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,29 @@ from kvcanary.harness.target.server_facts import Role, SideFacts, as_int, min_kn
 
 REFERENCE_ENGINE_VERSION = "kvcanary-reference"
 """How the bundled reference engine's SGLang-shaped server info begins its `version` field."""
+
+MAX_TOKENS_POLICIES: Mapping[str, str] = {
+    # vLLM 0.32 caps max_tokens at the context minus the prompt and answers (finish_reason
+    # "length"; `get_max_tokens` in its serving utils); only a prompt that alone reaches the
+    # context is a 400. Measured against the real server: tests/harness/target/vllm
+    "vllm": "stop",
+    # "maximum context length is N tokens. However, you requested M tokens": HTTP 400
+    "openai": "reject",
+    # TokenizerManager: input + max_new_tokens above context_len is a 400 (so the bundled
+    # engine's `SideLimits.check_context`)
+    "sglang": "reject",
+    "sglang-pd": "reject",
+    "kvcanary-reference": "reject",
+    # the slot generates until its context is full, then stops (finish_reason "length")
+    "llamacpp": "stop",
+}
+"""What each engine does with a prompt whose prompt + max_tokens exceeds the context while
+the prompt alone does not; an engine not listed (or not identified) is unknown."""
+
+
+def max_tokens_policy(engine: str) -> str | None:
+    """`reject`, `stop`, or None where the engine's convention is unknown."""
+    return MAX_TOKENS_POLICIES.get(engine)
 
 
 def is_reference_engine(body: Mapping[str, Any]) -> bool:

@@ -7,9 +7,11 @@ seen there before the next request fails, and a target that fails only some requ
 so there too.
 
 The route is used only if it answered 2xx when the run started: a target without one (404,
-a gateway that does not pass it through) is never polled, and its health is judged from the
-requests alone (`harness.run.health`). Only the status is read, never the body, so nothing
-the target writes there reaches the journal.
+a gateway that does not pass it through) is never polled. What it says is a witness, never
+the judge (`harness.run.health`): whether the target serves is decided from its requests,
+because a route can be slow while they complete (llama.cpp answers it only between the
+batches its slots compute). Only the status is read, never the body, so nothing the target
+writes there reaches the journal.
 """
 
 from __future__ import annotations
@@ -19,31 +21,39 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 
+from kvcanary.harness.target.transport_errors import describe_transport_error
+
 HEALTH_PATH = "/health"
-HEALTH_TIMEOUT_S = 5.0
-"""One poll's whole exchange: a health route slower than this counts as failing."""
+HEALTH_TIMEOUT_S = 10.0
+"""One poll's whole exchange by default (`--health-timeout`): a route slower than this
+counts as failing that poll."""
 
 HealthProbe = Callable[[], Awaitable[str | None]]
 """One poll: None when the route answered 2xx, else what went wrong in a few words."""
 
 
 async def health_probe(
-    client: httpx.AsyncClient, base_url: str, headers: Mapping[str, str]
+    client: httpx.AsyncClient,
+    base_url: str,
+    headers: Mapping[str, str],
+    *,
+    timeout_s: float = HEALTH_TIMEOUT_S,
 ) -> HealthProbe | None:
-    """A poll of `base_url`'s health route, or None when the route does not answer 2xx now
-    (then it is not polled at all)."""
+    """A poll of `base_url`'s health route, each bounded by `timeout_s`, or None when the
+    route does not answer 2xx now (then it is not polled at all)."""
+    assert timeout_s > 0, timeout_s
     url = base_url.rstrip("/") + HEALTH_PATH
 
     async def poll() -> str | None:
         try:
-            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 request = client.build_request("GET", url, headers=dict(headers))
                 response = await client.send(request, stream=True)
                 await response.aclose()  # the status is all that is read
         except TimeoutError:
-            return f"GET {HEALTH_PATH}: no answer within {HEALTH_TIMEOUT_S:g} s"
+            return f"GET {HEALTH_PATH}: no answer within {timeout_s:g} s"
         except httpx.HTTPError as exc:
-            return f"GET {HEALTH_PATH}: {type(exc).__name__}"
+            return f"GET {HEALTH_PATH}: {describe_transport_error(exc)}"
         if 200 <= response.status_code < 300:
             return None
         return f"GET {HEALTH_PATH}: HTTP {response.status_code}"

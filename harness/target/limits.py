@@ -5,9 +5,12 @@ otherwise the missing figures are read from the target (`harness.target.server_i
 disaggregated deployment the pool to test against is the *smallest* across sides: a prompt
 longer than the prefill pool but shorter than decode's is exactly the incident's prompt, and
 `Limits.source` says which side the figure came from. The page size defaults to 16 when
-neither a flag nor the target says otherwise (DESIGN.md, "Canaries"); a target page smaller
+neither a flag nor the target says otherwise (docs/explanation/canaries.md); a target page smaller
 than 16 (SGLang's non-PD default is 1) is laced for 16 too, the densest lacing canaries of
 at most 8 tokens allow, and the source says so. A page size given as a flag is used as given.
+
+The engine's answer to a prompt that fits the context while prompt + max_tokens does not
+(`Limits.max_tokens_policy`) comes with them, by the engine the target was identified as.
 
 What it deliberately does not do: guess. A pool it could not read is a `ConfigError` naming
 what was tried and the flags that would supply it; a target that answered nothing at all is a
@@ -23,6 +26,7 @@ import httpx
 from kvcanary.canaries.errors import ConfigError, RunIncomplete
 from kvcanary.harness.record.events import Limits
 from kvcanary.harness.target.discovery_fetch import DISCOVERY_TIMEOUT_S
+from kvcanary.harness.target.engine_shapes import max_tokens_policy
 from kvcanary.harness.target.server_info import EngineFacts, SideFacts, read_engine_facts
 
 DEFAULT_PAGE_SIZE = 16
@@ -92,6 +96,7 @@ def limits_from_facts(
         page_size=page,
         source=_source(facts, side, pool_tokens, context_tokens, page_size, reported),
         max_input_tokens=side.max_input_tokens if side and pool_tokens is None else None,
+        max_tokens_policy=max_tokens_policy(facts.engine),
     )
 
 

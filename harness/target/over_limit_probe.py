@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -75,55 +75,32 @@ async def probe_over_limit(
     assert page_size > 0, page_size
     base = base_url.rstrip("/")
     url = base + "/v1/completions"
-    wanted = limit_tokens + page_size
     slack = max(page_size, DEFAULT_PAGE_SIZE)  # a page of 1 token is no target to aim at
     prompt, num_tokens, counted_by = await _sized_prompt(
-        client, base, wanted, slack, model=model, headers=headers
+        client, base, limit_tokens + page_size, slack, model=model, headers=headers
     )
-    body = {
-        "model": model or "default",
-        "prompt": prompt,
-        "max_tokens": 1,
-        "temperature": 0,
-        "stream": False,
-    }
-    shown = redact_url(url)
+    sized = ProbeResult(
+        redact_url(url), ProbeOutcome.INCONCLUSIVE, limit_tokens, num_tokens, counted_by
+    )
     if num_tokens <= limit_tokens:  # the server's tokenizer defeated every sizing attempt
-        return ProbeResult(
-            shown,
-            ProbeOutcome.INCONCLUSIVE,
-            limit_tokens,
-            num_tokens,
-            counted_by,
-            error="could not build a prompt above the limit",
-        )
+        return replace(sized, error="could not build a prompt above the limit")
+    body = {"model": model or "default", "prompt": prompt, "max_tokens": 1}
+    body |= {"temperature": 0, "stream": False}
     try:
         status, content = await post_bounded(client, url, json_body=body, headers=headers)
     except (httpx.HTTPError, ResponseTooLarge, StreamViolation) as exc:
-        return ProbeResult(
-            shown,
-            ProbeOutcome.INCONCLUSIVE,
-            limit_tokens,
-            num_tokens,
-            counted_by,
-            error=describe_error(exc),
-        )
+        return replace(sized, error=describe_error(exc))
     if 200 <= status < 300:
-        outcome = ProbeOutcome.ACCEPTED
-    elif status in _REJECTION_STATUSES:
-        outcome = ProbeOutcome.REJECTED
-    else:  # 401/403/404/429/5xx say nothing about whether the length was checked
-        outcome = ProbeOutcome.INCONCLUSIVE
-    return ProbeResult(
-        shown,
-        outcome,
-        limit_tokens,
-        num_tokens,
-        counted_by,
-        status=status,
-        prompt_tokens_reported=_prompt_tokens(content)
-        if outcome is ProbeOutcome.ACCEPTED
-        else None,
+        return replace(
+            sized,
+            outcome=ProbeOutcome.ACCEPTED,
+            status=status,
+            prompt_tokens_reported=_prompt_tokens(content),
+        )
+    # 401/403/404/429/5xx say nothing about whether the length was checked
+    rejected = status in _REJECTION_STATUSES
+    return replace(
+        sized, outcome=ProbeOutcome.REJECTED if rejected else sized.outcome, status=status
     )
 
 

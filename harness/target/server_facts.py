@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kvcanary.harness.target.transport_errors import describe_transport_error
+
 Role = Literal["prefill", "decode", "unified"]
 
 _MAX_ERROR_CHARS = 200
@@ -105,6 +107,5 @@ def min_known(values: Sequence[int | None]) -> int | None:
 
 
 def describe_error(exc: Exception) -> str:
-    """One short line naming an exception and what it said."""
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:_MAX_ERROR_CHARS]
+    """One short line naming what went wrong (`harness.target.transport_errors`)."""
+    return describe_transport_error(exc)[:_MAX_ERROR_CHARS]

@@ -1,5 +1,13 @@
 """Counting tokens the way the target does: its own tokenize route, and its chat template.
 
+`choose_tokenizer` decides what counts a run's prompts. `--tokenizer server` is the target's
+tokenize route; a name or a path is that tokenizer; `auto` (the default) is the target's
+own where it serves a tokenize route (vLLM, SGLang, llama.cpp) and `FALLBACK_TOKENIZER`
+elsewhere. Where the fallback gives the very token ids the route gives on calibration-shaped
+text (the bundled engine counts in cl100k_base), it counts locally, without a request per
+prompt. Whatever is chosen, calibration (`harness.target.calibration`) then checks that it
+counts like the target's usage does.
+
 `--tokenizer server` builds prompts in the target's tokenizer. `canaries.RemoteTokenizer`
 speaks the tokenize routes (SGLang `/v1/tokenize`, vLLM `/tokenize`, llama.cpp `/tokenize`
 with `content`) asynchronously and checks at start that the counts are plausible, while
@@ -28,6 +36,7 @@ from kvcanary.canaries import TAG, CanaryError, RemoteTokenizer, Tokenizer
 from kvcanary.canaries.errors import ConfigError, RunIncomplete
 from kvcanary.canaries.remote_tokenizer import Post
 from kvcanary.harness.target.bounded import ResponseTooLarge, StreamViolation, loads
+from kvcanary.harness.target.calibration import CALIBRATION_TEXT, calibration_text
 from kvcanary.harness.target.discovery_fetch import post_bounded
 from kvcanary.harness.target.server_facts import as_int
 from kvcanary.harness.target.sse_stream import MAX_TOKEN_COUNT
@@ -35,6 +44,95 @@ from kvcanary.tenants.planner import CHAT_INSTRUCTION
 from kvcanary.tenants.tenant import Tenant
 
 T = TypeVar("T")
+
+AUTO = "auto"
+"""The `--tokenizer` default: the target's own where it serves a tokenize route."""
+FALLBACK_TOKENIZER = "cl100k_base"
+"""What `auto` counts with against a target without a tokenize route."""
+SERVER = "server"
+AUTO_DETECT_TIMEOUT_S = 10.0
+"""Each exchange of `auto`'s look for a tokenize route (a missing route answers at once)."""
+
+
+def local_tokenizer_name(setting: str) -> str | None:
+    """The tokenizer to load before the target is contacted: `--tokenizer` itself, the
+    fallback for `auto`, None for `server`."""
+    if setting == SERVER:
+        return None
+    return FALLBACK_TOKENIZER if setting == AUTO else setting
+
+
+async def choose_tokenizer(
+    http: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    tenant: Tenant,
+    *,
+    local: Tokenizer | None,
+    auto: bool,
+    note: Callable[[str], None],
+) -> tuple[Tokenizer, RemoteTokenizer | None]:
+    """The tokenizer a run counts with, and the target's tokenize route where one is used
+    (the chat template is measured through it). `local` is the `--tokenizer` loaded
+    (`local_tokenizer_name`), None for `server`; with `auto`, the target's own is preferred.
+    `note` hears one line of what was chosen. Call it on the session's loop."""
+    loop = asyncio.get_running_loop()
+    if local is None:
+        named = await remote_tokenizer(http, base_url, model, tenant)
+        note(_SERVER_NOTE)
+        return ServerTokenizer(named, loop, base_url), named
+    if not auto:
+        return local, None
+    remote = await _served_tokenizer(http, base_url, model, tenant)
+    if remote is None:
+        note(
+            f"tokenizer: {local.name} (the target serves no tokenize route; calibration "
+            "checks that it counts like the target; --tokenizer names the model's)"
+        )
+        return local, None
+    route = f"{remote.endpoint} ({remote.style})"
+    if await _counts_alike(remote, local):
+        note(f"tokenizer: {local.name}, which counts as the target's own {route} does")
+        return local, remote
+    note(f"tokenizer: the target's own, {route}; {_SERVER_NOTE.removeprefix('tokenizer: ')}")
+    return ServerTokenizer(remote, loop, base_url), remote
+
+
+_SERVER_NOTE = (
+    "tokenizer: the target's own; the first plan waits for a few thousand tokenize "
+    "requests that measure the canary pieces once"
+)
+
+
+async def _served_tokenizer(
+    http: httpx.AsyncClient, base_url: str, model: str, tenant: Tenant
+) -> RemoteTokenizer | None:
+    """The target's tokenize route if it serves one whose counts are plausible, else None."""
+    remote = RemoteTokenizer(
+        http,
+        base_url,
+        headers=tenant.auth_headers(),
+        model=model,
+        post=bounded_post(http),
+        timeout_s=AUTO_DETECT_TIMEOUT_S,
+    )
+    try:
+        await remote.detect()
+    except (CanaryError, httpx.HTTPError):
+        return None
+    return remote
+
+
+async def _counts_alike(remote: RemoteTokenizer, local: Tokenizer) -> bool:
+    """Whether `local` gives the route's token ids on calibration-shaped text (canary
+    words, digits, accents): then it is the same tokenizer, and counts without requests."""
+    for text in (CALIBRATION_TEXT, calibration_text(8)):
+        try:
+            if await remote.encode(text) != local.encode(text):
+                return False
+        except (CanaryError, httpx.HTTPError):
+            return False
+    return True
 
 
 async def remote_tokenizer(

@@ -3,7 +3,9 @@
 Modules, one concept each:
 
     rotary           rotary positions, applied when K is read (K is stored un-rotated)
-    attention        paged attention, the seam a CUDA kernel would replace
+    attention        paged attention in torch: the oracle the kernel is tested against
+    triton_attention the same paged attention as a Triton kernel, through the block table
+    attention_path   which of the two a side runs, and the one line that says so
     naive_attention  the contiguous-cache oracle the paged path is tested against
     cache            the views the model writes K/V through: paged pool or contiguous buffers
     layers           RMSNorm, the SwiGLU MLP, an ordinary attention block

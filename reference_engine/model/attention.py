@@ -1,4 +1,4 @@
-"""Paged attention in plain torch: the one seam a CUDA kernel would replace.
+"""Paged attention in plain torch: the oracle the Triton kernel (`triton_attention`) replaces.
 
     store_kv(k_cache, v_cache, slot_mapping, k, v)       write this forward's K/V into slots
     paged_attention(q, k_cache, v_cache, block_tables, kv_lens, q_limits, rotary, scale)

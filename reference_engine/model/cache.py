@@ -2,9 +2,10 @@
 
 The model only sees `KVCacheView`: `store(layer, k, v)` for this forward's tokens and
 `attend(layer, q, q_limits, rotary, scale)`. `PagedView` goes through block tables into a
-side's pool (the engine path); `ContiguousCache` keeps one contiguous buffer per sequence and
-layer, the naive cache that paged results must agree with and that paging is benchmarked
-against. Neither allocates pages or knows requests.
+side's pool (the engine path), with the torch paged attention or the Triton kernel;
+`ContiguousCache` keeps one contiguous buffer per sequence and layer, the naive cache that
+paged results must agree with and that paging is benchmarked against. Neither allocates pages
+or knows requests.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ AttentionFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Rotary, float],
     torch.Tensor,
 ]
+PagedAttentionFn = Callable[
+    [
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        Rotary,
+        float,
+    ],
+    torch.Tensor,
+]
+"""`attention.paged_attention` or the Triton kernel (`attention_path.py` picks)."""
 
 
 class KVCacheView(Protocol):
@@ -45,8 +60,10 @@ class PagedView:
         block_tables: torch.Tensor,
         slot_mapping: torch.Tensor,
         kv_lens: torch.Tensor,
+        attention: PagedAttentionFn = paged_attention,
     ) -> None:
         self.k_pool, self.v_pool = k_pool, v_pool
+        self.attention = attention
         self.block_tables = block_tables  # (B, max_pages)
         self.slot_mapping = slot_mapping  # (B, T)
         self.kv_lens = kv_lens  # (B,)
@@ -58,7 +75,7 @@ class PagedView:
     def attend(
         self, layer: int, q: torch.Tensor, q_limits: torch.Tensor, rotary: Rotary, scale: float
     ) -> torch.Tensor:
-        return paged_attention(
+        return self.attention(
             q,
             self.k_pool[layer],
             self.v_pool[layer],

@@ -15,6 +15,7 @@ import ipaddress
 import math
 import textwrap
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvcanary.canaries.errors import ConfigError, RunIncomplete
@@ -66,8 +67,15 @@ def register(subparsers: Any) -> None:
         epilog=_help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add = parser.add_argument
-    from kvcanary.reference_engine.config import KV_DTYPES, PRESETS
+    _add_shape_options(parser.add_argument)
+    _add_model_options(parser.add_argument)
+    _add_server_options(parser.add_argument)
+    parser.set_defaults(handler=_serve)
+
+
+def _add_shape_options(add: Callable[..., Any]) -> None:
+    """The preset, its fixes and the pools: what the engine models."""
+    from kvcanary.reference_engine.config import PRESETS
 
     add(
         "--preset",
@@ -82,18 +90,13 @@ def register(subparsers: Any) -> None:
         metavar="NAME",
         help="turn on a fix switch (see below); repeatable",
     )
-    add(
-        "--prefill-pool-tokens",
-        type=int,
-        metavar="N",
-        help="prefill KV pool size in tokens (default: from the preset)",
-    )
-    add(
-        "--decode-pool-tokens",
-        type=int,
-        metavar="N",
-        help="decode KV pool size in tokens (default: from the preset)",
-    )
+    for side in ("prefill", "decode"):
+        add(
+            f"--{side}-pool-tokens",
+            type=int,
+            metavar="N",
+            help=f"{side} KV pool size in tokens (default: from the preset)",
+        )
     add(
         "--context-length",
         type=int,
@@ -124,6 +127,12 @@ def register(subparsers: Any) -> None:
         "(the vulnerable prefill's placeholder says 1); SGLang's routers do not, and it is "
         "off in every preset",
     )
+
+
+def _add_model_options(add: Callable[..., Any]) -> None:
+    """How the model computes: copying noise, KV element type, attention path, device."""
+    from kvcanary.reference_engine.config import ATTENTION_PATHS, KV_DTYPES
+
     add(
         "--copy-noise",
         metavar="X",
@@ -135,7 +144,18 @@ def register(subparsers: Any) -> None:
         metavar="{" + ",".join(KV_DTYPES) + "}",
         help="the KV pools' element type, and so the pages' on the wire (default float32)",
     )
+    add(
+        "--attention",
+        metavar="{" + ",".join(ATTENTION_PATHS) + "}",
+        help="which paged attention the sides run: "
+        + "; ".join(f"{name}: {text}" for name, text in ATTENTION_PATHS.items())
+        + ". Default auto; the line after the listening line says which one runs",
+    )
     add("--device", help="cpu (default) or cuda[:N]")
+
+
+def _add_server_options(add: Callable[..., Any]) -> None:
+    """Where it listens and in how many processes."""
     add("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     add(
         "--port",
@@ -153,7 +173,6 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="run prefill, decode and router as separate processes; KV pages cross a TCP socket",
     )
-    parser.set_defaults(handler=_serve)
 
 
 def is_loopback(host: str) -> bool:
@@ -181,7 +200,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.copy_noise is not None:
         overrides["copy_noise"] = _copy_noise(args.copy_noise)
     if args.dtype is not None:
-        overrides["dtype"] = _dtype(args.dtype)
+        overrides["dtype"] = _choice("--dtype", args.dtype, "KV_DTYPES")
+    if args.attention is not None:
+        overrides["attention"] = _choice("--attention", args.attention, "ATTENTION_PATHS")
     return overrides
 
 
@@ -196,11 +217,13 @@ def _copy_noise(text: str) -> float:
     return value
 
 
-def _dtype(text: str) -> str:
-    from kvcanary.reference_engine.config import KV_DTYPES
+def _choice(flag: str, text: str, names: str) -> str:
+    """`text` if it is one of `reference_engine.config.<names>`, else a one-line error."""
+    from kvcanary.reference_engine import config
 
-    if text not in KV_DTYPES:
-        raise ConfigError(f"--dtype must be one of {', '.join(KV_DTYPES)}, got {text!r}")
+    valid = getattr(config, names)
+    if text not in valid:
+        raise ConfigError(f"{flag} must be one of {', '.join(valid)}, got {text!r}")
     return text
 
 
@@ -218,6 +241,16 @@ def _serve(args: argparse.Namespace) -> int:
     from kvcanary.reference_engine.server.launch import make_config
 
     config = make_config(args.preset, args.fix, **_overrides(args))
+    from kvcanary.reference_engine.model.attention_path import choose_attention
+
+    attention = f"kvcanary serve: {choose_attention(config).line}"
+    if args.processes:
+        return _serve_processes(args, config, _summary(args, config), attention)
+    return _serve_in_process(args, config, _summary(args, config), attention)
+
+
+def _summary(args: argparse.Namespace, config: Any) -> str:
+    """What the listening line says about the engine."""
     fixes = ",".join(sorted(config.fixes)) or "none"
     summary = f"preset {config.preset}, fixes {fixes}"
     if config.prefix_cache:
@@ -230,12 +263,10 @@ def _serve(args: argparse.Namespace) -> int:
         summary += f", copy noise {config.copy_noise:g}"
     if config.transfer_bandwidth_bytes_per_s is not None:
         summary += f", KV link {config.transfer_bandwidth_bytes_per_s:g} bytes/s"
-    if args.processes:
-        return _serve_processes(args, config, summary)
-    return _serve_in_process(args, config, summary)
+    return summary
 
 
-def _serve_in_process(args: argparse.Namespace, config: Any, summary: str) -> int:
+def _serve_in_process(args: argparse.Namespace, config: Any, summary: str, attention: str) -> int:
     import uvicorn
 
     from kvcanary.reference_engine.server.app import build_app
@@ -254,12 +285,13 @@ def _serve_in_process(args: argparse.Namespace, config: Any, summary: str) -> in
         uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     )
     print(f"kvcanary serve: listening on {url_of(sock)} ({summary}; one process)", flush=True)
+    print(attention, flush=True)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled
         server.run(sockets=[sock])
     return 0
 
 
-def _serve_processes(args: argparse.Namespace, config: Any, summary: str) -> int:
+def _serve_processes(args: argparse.Namespace, config: Any, summary: str, attention: str) -> int:
     from kvcanary.reference_engine.server.launch import ProcessCluster
 
     cluster = ProcessCluster(config, host=args.host, port=args.port, inherit_output=True)
@@ -271,6 +303,7 @@ def _serve_processes(args: argparse.Namespace, config: Any, summary: str) -> int
             f"with KV bootstrap port {cluster.bootstrap_port}, decode {urls['decode']})",
             flush=True,
         )
+        print(attention, flush=True)
         while True:
             cluster.check_alive()
             time.sleep(0.5)

@@ -87,6 +87,8 @@ class EngineHandle:
     """Every server's URL (`router`, and `prefill` / `decode` in separate processes)."""
     bootstrap_port: int = 0
     """The prefill's KV bootstrap port in separate processes (0 in one process)."""
+    attention: str = ""
+    """The line saying which paged attention its sides run (`model.attention_path`)."""
 
     def state(self) -> dict[str, Any]:
         """The router's `/kvcanary/state`."""
@@ -322,13 +324,22 @@ def running_engine(
         "a run without --target", alternative="test a running deployment with --target URL"
     )
     config = make_config(preset, fixes, **overrides)
+    from kvcanary.reference_engine.model.attention_path import choose_attention
+
+    attention = choose_attention(config).line  # an impossible ask fails before any process
     if processes:
         cluster = ProcessCluster(config)
         cluster.start()
         try:
             urls = {"router": cluster.url} | {c.role: c.url for c in cluster.children}
-            port = cluster.bootstrap_port
-            yield EngineHandle(cluster.url, config, processes=True, urls=urls, bootstrap_port=port)
+            yield EngineHandle(
+                cluster.url,
+                config,
+                processes=True,
+                urls=urls,
+                bootstrap_port=cluster.bootstrap_port,
+                attention=attention,
+            )
         finally:
             cluster.stop()
         return
@@ -337,7 +348,7 @@ def running_engine(
     server = ThreadedServer(build_app(config), bind_socket())
     server.start()
     try:
-        yield EngineHandle(server.url, config, urls={"router": server.url})
+        yield EngineHandle(server.url, config, urls={"router": server.url}, attention=attention)
     finally:
         server.stop()
 

@@ -262,6 +262,14 @@ def openai_routes(ctx: SideContext) -> APIRouter:
         prompt = body.input_ids if body.input_ids is not None else body.text or ""
         return await _serve(ctx, request, body, _prompt_ids(ctx.tokenizer, prompt), "generate")
 
+    _add_model_routes(routes, ctx)
+    _add_tokenizer_routes(routes, ctx)
+    return routes
+
+
+def _add_model_routes(routes: APIRouter, ctx: SideContext) -> None:
+    """What the side says about its model: SGLang's model info and OpenAI's model list."""
+
     @routes.get("/get_model_info")
     @routes.get("/model_info")
     async def model_info() -> dict[str, Any]:
@@ -277,6 +285,22 @@ def openai_routes(ctx: SideContext) -> APIRouter:
             "architectures": ["KvcanaryReferenceForCausalLM"],
             "max_model_len": ctx.config.context_length,
         }
+
+    @routes.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": ctx.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvcanary",
+            "root": ctx.model_name,
+            "max_model_len": ctx.config.context_length,
+        }
+        return {"object": "list", "data": [card]}
+
+
+def _add_tokenizer_routes(routes: APIRouter, ctx: SideContext) -> None:
+    """SGLang's and vLLM's tokenize and detokenize routes, with the side's tokenizer."""
 
     @routes.post("/v1/tokenize")
     @routes.post("/tokenize")
@@ -295,17 +319,3 @@ def openai_routes(ctx: SideContext) -> APIRouter:
         if batch:
             return {"text": [ctx.tokenizer.decode(t) for t in batch]}
         return {"text": ctx.tokenizer.decode([t for t in body.tokens if isinstance(t, int)])}
-
-    @routes.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {
-            "id": ctx.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "kvcanary",
-            "root": ctx.model_name,
-            "max_model_len": ctx.config.context_length,
-        }
-        return {"object": "list", "data": [card]}
-
-    return routes

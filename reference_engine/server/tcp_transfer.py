@@ -56,7 +56,7 @@ from kvcanary.reference_engine.server.tcp_frames import (
     hello,
     read_frame,
 )
-from kvcanary.reference_engine.transfer import flight_time_s
+from kvcanary.reference_engine.transfer import SenderRoom, flight_time_s
 
 _NUM_CONCLUDED_KEPT = 4096
 
@@ -72,21 +72,14 @@ class _Receiver:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@dataclass
-class _Sender:
+@dataclass(eq=False)
+class _Sender(SenderRoom):
     """Prefill's view of one room."""
 
-    meta: TransferMetadata | None = None
     conn: Connection | None = None
-    cancelled: bool = False
     sending: bool = False
     drain_acked: bool = False
     """Decode was told nothing more will land: later pages for the room are dropped."""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
 
 
 class TcpTransfer(TransferBackend):
@@ -180,14 +173,7 @@ class TcpTransfer(TransferBackend):
 
     # ------------------------------------------------------------------ prefill side
     async def wait_for_metadata(self, room: int, timeout_s: float) -> TransferMetadata | None:
-        sender = self._sender(room)
-        try:
-            async with asyncio.timeout(timeout_s):
-                while sender.meta is None and not sender.cancelled:
-                    await sender.changed.wait()
-        except TimeoutError:
-            return None
-        return None if sender.cancelled else sender.meta
+        return await self._sender(room).wait_for_metadata(timeout_s)
 
     async def send_pages(self, chunk: PageChunk) -> None:
         sender = self._senders.get(chunk.room)

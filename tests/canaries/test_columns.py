@@ -1,24 +1,32 @@
-"""The prompt's compiled helpers (canaries._columns) and its counting give what the
-pure-Python steps give, and the package works the same without them."""
+"""The prompt's compiled helpers (canaries._columns: canary texts, and spans and hits made
+through their classes' public protocols) and its counting give what the pure-Python steps
+give, and the package works the same without them."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
+from itertools import repeat
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcanary.canaries import CanaryMinter, Tokenizer, build_prompt, mint, span
+from kvcanary.canaries import CanaryMinter, Hit, Owner, Tokenizer, build_prompt, mint, records
+from kvcanary.canaries.mint import CanaryOrigin
+from kvcanary.canaries.records import records_from_columns
 from kvcanary.canaries.shape import WORDS
 from kvcanary.canaries.span import CanarySpan, spans_from_columns
 
+T = TypeVar("T")
+
 COMPILED_SPELL = mint._load_spell()
-COMPILED_SPANS = span._load_core()
+COMPILED_RECORDS = records._load_core()
 needs_core = pytest.mark.skipif(
-    COMPILED_SPELL is None or COMPILED_SPANS is None,
+    COMPILED_SPELL is None or COMPILED_RECORDS is None,
     reason="canaries._columns was not built (no C compiler at install)",
 )
 
@@ -66,12 +74,16 @@ def test_the_compiled_spelling_refuses_bad_digits_and_bytes() -> None:
         COMPILED_SPELL(np.array([0]), table, 7, b"ydk")
 
 
-def python_spans(*columns: list[object]) -> tuple[CanarySpan, ...]:
-    saved, span.CORE = span.CORE, None
+def python_records(cls: type[T], fields: tuple[str, ...], *columns: Any) -> tuple[T, ...]:
+    saved, records.CORE = records.CORE, None
     try:
-        return spans_from_columns(*columns)  # type: ignore[arg-type]
+        return records_from_columns(cls, fields, *columns)
     finally:
-        span.CORE = saved
+        records.CORE = saved
+
+
+SPAN_FIELDS = ("text", "char_offset", "token_offset", "index")
+HIT_FIELDS = ("text", "start", "end", "layer", "canary", "origin", "owner")
 
 
 @needs_core
@@ -82,27 +94,64 @@ def test_compiled_spans_equal_dataclass_spans(rows: list[tuple[str, int, int]]) 
     chars, tokens = [r[1] for r in rows], tuple(r[2] for r in rows)
     got = spans_from_columns(texts, chars, tokens, range(len(rows)))
     assert type(got) is tuple
-    assert got == tuple(CanarySpan(*r, i) for i, r in enumerate(rows))
-    assert got == python_spans(texts, chars, list(tokens), list(range(len(rows))))
-    assert not any(map(gc.is_tracked, got))  # str and ints: no cycle possible
+    made = tuple(CanarySpan(*r, i) for i, r in enumerate(rows))
+    assert got == made
+    assert list(map(hash, got)) == list(map(hash, made))
+    assert got == python_records(CanarySpan, SPAN_FIELDS, texts, chars, tokens, range(len(rows)))
+    assert all(map(gc.is_tracked, got))  # ordinary objects: the collector sees them
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_records_are_the_frozen_dataclass_they_stand_for(compiled: bool) -> None:
+    if compiled and COMPILED_RECORDS is None:
+        pytest.skip("canaries._columns was not built (no C compiler at install)")
+    make = records_from_columns if compiled else python_records
+    owner, origin = Owner("t", "r"), CanaryOrigin(1, 2, 3)
+    columns = (["ydk a"], [4], [9], repeat("exact"), ["ydk a"], [origin], [owner])
+    (hit,) = make(Hit, HIT_FIELDS, *columns)
+    assert type(hit) is Hit
+    assert hit == Hit("ydk a", 4, 9, "exact", "ydk a", origin, owner)
+    assert hit.owner is owner
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hit.start = 5  # type: ignore[misc]
+    assert make(Hit, HIT_FIELDS, [], [], [], repeat("exact"), [], [], []) == ()
+
+
+class NotSlotted:
+    text = property(lambda self: "x", lambda self, value: None)
+    char_offset = token_offset = index = None
+
+
+class SlottedDict(dict[str, int]):
+    __slots__ = ("text",)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_bad_classes_and_columns_are_refused(compiled: bool) -> None:
+    if compiled and COMPILED_RECORDS is None:
+        pytest.skip("canaries._columns was not built (no C compiler at install)")
+    make = records_from_columns if compiled else python_records
+    with pytest.raises(ValueError, match="different lengths"):
+        make(CanarySpan, SPAN_FIELDS, ["a"], [1, 2], [1], [2])
+    with pytest.raises(ValueError, match="one column for each field"):
+        make(CanarySpan, SPAN_FIELDS, ["a"])
+    with pytest.raises(TypeError, match="not a slot"):
+        make(CanarySpan, ("text", "__init__", "token_offset", "index"), [], [], [], [])
+    with pytest.raises(TypeError, match="not a slot"):  # a property: its setter runs code
+        make(NotSlotted, SPAN_FIELDS, ["a"], [1], [1], [2])
+    with pytest.raises(AttributeError):
+        make(CanarySpan, ("text", "nothing", "token_offset", "index"), [], [], [], [])
 
 
 @needs_core
-def test_compiled_spans_of_other_values_stay_tracked_and_bad_columns_are_refused() -> None:
-    assert COMPILED_SPANS is not None
-    fields = ("text", "char_offset", "token_offset", "index")
-    held = [[]]  # a list can be part of a cycle: the span must stay tracked
-    (tracked,) = COMPILED_SPANS(CanarySpan, fields, ["a"], held, [1], [2])
-    assert gc.is_tracked(tracked)
-    assert tracked.char_offset is held[0]
-    with pytest.raises(ValueError, match="different lengths"):
-        COMPILED_SPANS(CanarySpan, fields, ["a"], [1, 2], [1], [2])
+def test_the_compiled_core_makes_only_what_object_new_may_make() -> None:
+    assert COMPILED_RECORDS is not None
+    with pytest.raises(TypeError, match="not safe"):  # object.__new__(SlottedDict) refuses
+        COMPILED_RECORDS(SlottedDict, ("text",), ["a"])
     with pytest.raises(TypeError, match="list or a tuple"):
-        COMPILED_SPANS(CanarySpan, fields, ["a"], iter([1]), [1], [2])
-    with pytest.raises(TypeError, match="not a slot"):
-        COMPILED_SPANS(CanarySpan, ("text", "__init__", "token_offset", "index"), [], [], [], [])
-    with pytest.raises(ValueError, match="one column each"):
-        COMPILED_SPANS(CanarySpan, fields, ["a"])
+        COMPILED_RECORDS(CanarySpan, SPAN_FIELDS, ["a"], iter([1]), [1], [2])
+    with pytest.raises(TypeError, match="type expected"):
+        COMPILED_RECORDS(CanarySpan("a", 1, 2, 3), SPAN_FIELDS, [], [], [], [])
 
 
 def test_a_prompt_is_the_same_without_the_compiled_helpers(
@@ -112,14 +161,14 @@ def test_a_prompt_is_the_same_without_the_compiled_helpers(
         return build_prompt(cl100k, minter, tenant=2, request=3, num_tokens=40_000)
 
     compiled = build()
-    saved = (mint._SPELL, span.CORE, getattr(cl100k, "_buffer", None))
-    mint._SPELL, span.CORE = None, None
+    saved = (mint._SPELL, records.CORE, getattr(cl100k, "_buffer", None))
+    mint._SPELL, records.CORE = None, None
     if hasattr(cl100k, "_buffer"):
         cl100k._buffer = None  # count the list of token ids instead
     try:
         assert build() == compiled
     finally:
-        mint._SPELL, span.CORE = saved[0], saved[1]
+        mint._SPELL, records.CORE = saved[0], saved[1]
         if hasattr(cl100k, "_buffer"):
             cl100k._buffer = saved[2]
 
@@ -152,4 +201,4 @@ def test_without_the_built_module_the_loaders_fall_back(monkeypatch: pytest.Monk
         sys.modules, "kvcanary.canaries._columns", None
     )  # import now raises ImportError
     assert mint._load_spell() is None
-    assert span._load_core() is None
+    assert records._load_core() is None

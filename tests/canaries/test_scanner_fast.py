@@ -349,6 +349,26 @@ def test_the_compiled_core_makes_the_exact_hits_and_drops_the_windows_touching_t
     assert exact_scan(text, None, 20, live, {}, *args[5:])[:3] == ([], [canary] * len(starts), [])
 
 
+class PropertyHit:
+    """Hit's field names as properties: storing through them would run Python code."""
+
+    text = start = end = layer = canary = origin = owner = property(
+        lambda self: None, lambda self, value: None
+    )
+
+
+@pytest.mark.skipif(COMPILED is None, reason="canaries._foldscan was not built")
+def test_the_compiled_core_makes_hits_of_a_slotted_class_only() -> None:
+    from kvcanary.canaries._foldscan import exact_scan
+
+    canary = "ydk " + "x" * 16
+    args = (f" {canary} ", None, 20, {canary: None}, {canary: (canary, None, None)}, None)
+    (hit,), *_ = exact_scan(*args, "ydk ", Hit, 0, -1, 99, None, 0)
+    assert hit == Hit(canary, 1, 21, "exact", canary, None, None)
+    with pytest.raises(TypeError, match="not a slot"):
+        exact_scan(*args, "ydk ", PropertyHit, 0, -1, 99, None, 0)
+
+
 @pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize("exact_only", [False, True])
 def test_a_hit_canary_re_registered_or_discarded_is_reported_as_it_is_now(

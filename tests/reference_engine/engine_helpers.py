@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine_canaries import Canaries
+
 from kvcanary.canaries import (
     BuiltPrompt,
     CanaryIndex,
@@ -18,7 +20,7 @@ from kvcanary.canaries import (
 )
 from kvcanary.harness.record.events import Limits
 from kvcanary.reference_engine.config import EngineConfig
-from kvcanary.reference_engine.engine import DisaggregatedEngine
+from kvcanary.reference_engine.engine import DisaggregatedEngine, EngineResult
 
 TINY_MODEL: dict[str, Any] = {
     "num_layers": 2,
@@ -60,6 +62,32 @@ async def settle(engine: DisaggregatedEngine, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.001)
 
 
+LEAK, ERROR, CLEAN = "leak", "error", "clean"
+"""What an engine answer is: a foreign canary in it, an error status without one, or 200
+without one."""
+
+
+def outcome(result: EngineResult, canaries: Canaries, own: str) -> str:
+    """LEAK, ERROR or CLEAN for the answer to request `own`."""
+    if canaries.foreign(result.text, own):
+        return LEAK
+    return CLEAN if result.status == 200 else ERROR
+
+
+async def over_pool(engine: DisaggregatedEngine, canaries: Canaries) -> EngineResult:
+    """Four victims (decode's sorted free list wraps around), then the over-pool prompt."""
+    for i in range(4):
+        victim = canaries.prompt(f"victim{i}", 600, tenant=i + 1)
+        result = await engine.generate(engine.request(victim.rid, victim.input_ids, 17))
+        assert result.status == 200
+        assert canaries.owners(result.text) <= {victim.rid}  # a noisy copy may lose its canary
+    attacker = canaries.prompt("attacker", 900)  # prefill's limit is 650, decode's 1018
+    result = await engine.generate(engine.request("attacker", attacker.input_ids, 96))
+    await settle(engine)
+    assert engine.num_allocated_pages() == 0
+    return result
+
+
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Poll `predicate` while the engine runs; fail the test if it never holds."""
     loop = asyncio.get_running_loop()
@@ -71,15 +99,15 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
     raise AssertionError("condition not reached in time")
 
 
-README = Path(__file__).parents[2] / "README.md"
+FIX_TABLE_PAGE = Path(__file__).parents[2] / "docs" / "explanation" / "reference-engine.md"
 MATRIX_HEADER = "| fix alone | over-pool prompt | abort mid-transfer |"
 MATRIX_COLUMNS = ("over-pool", "abort")
 
 
 def readme_matrix_cell(row: str, column: str) -> str:
-    """README's bug x fix table: the `column` ("over-pool" or "abort") cell of fix `row`
+    """The docs' bug x fix table: the `column` ("over-pool" or "abort") cell of fix `row`
     ("" for the row without a fix)."""
-    lines = README.read_text().splitlines()
+    lines = FIX_TABLE_PAGE.read_text().splitlines()
     start = lines.index(MATRIX_HEADER) + 2
     for line in lines[start:]:
         if not line.startswith("|"):
@@ -87,7 +115,7 @@ def readme_matrix_cell(row: str, column: str) -> str:
         name, *cells = (c.strip() for c in line.strip("|").split("|"))
         if ("" if name == "none" else name.split()[0].strip("`")) == row:
             return cells[MATRIX_COLUMNS.index(column)]
-    raise AssertionError(f"README's matrix has no row for {row or 'none'!r}")
+    raise AssertionError(f"the docs' matrix has no row for {row or 'none'!r}")
 
 
 def laced_prompt(minter: CanaryMinter, tenant: int, num_tokens: int) -> BuiltPrompt:

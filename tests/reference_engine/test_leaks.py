@@ -18,20 +18,19 @@ from pathlib import Path
 
 import pytest
 from engine_canaries import Canaries
-from engine_helpers import settle, small_config
+from engine_helpers import CLEAN, ERROR, LEAK, outcome, over_pool, settle, small_config
 
 from kvcanary.reference_engine.engine import DisaggregatedEngine, EngineResult
 from kvcanary.reference_engine.interfaces import PageChunk, TransferStatus
 from kvcanary.reference_engine.transfer import InProcessTransfer
 
-LEAK, ERROR, CLEAN = "leak", "error", "clean"
-README = Path(__file__).parents[2] / "README.md"
+FIX_TABLE_PAGE = Path(__file__).parents[2] / "docs" / "explanation" / "reference-engine.md"
 _MATRIX_HEADER = "| fix alone | over-pool prompt | abort mid-transfer |"
 
 
 def readme_matrix() -> dict[str, tuple[str, str]]:
-    """README's bug x fix table: fix ("" for none) -> (over-pool cell, abort cell)."""
-    lines = README.read_text().splitlines()
+    """The docs' bug x fix table: fix ("" for none) -> (over-pool cell, abort cell)."""
+    lines = FIX_TABLE_PAGE.read_text().splitlines()
     start = lines.index(_MATRIX_HEADER) + 2  # past the header and its |---| line
     rows: dict[str, tuple[str, str]] = {}
     for line in lines[start:]:
@@ -43,7 +42,7 @@ def readme_matrix() -> dict[str, tuple[str, str]]:
 
 
 def described(result: EngineResult, measured: str) -> str:
-    """How README's matrix opens a cell for this measured result."""
+    """How the docs' matrix opens a cell for this measured result."""
     if measured == ERROR:
         return f"error {result.status}"
     if measured == CLEAN and result.finish.prompt_tokens != result.prefill_finish.prompt_tokens:
@@ -52,15 +51,9 @@ def described(result: EngineResult, measured: str) -> str:
 
 
 def assert_readme_says(fix: str, column: int, result: EngineResult, measured: str) -> None:
-    """The README table is this measurement: its cell starts with what was measured."""
+    """The docs' table is this measurement: its cell starts with what was measured."""
     cell = readme_matrix()[fix][column]
     assert cell.startswith(described(result, measured)), (fix, column, cell)
-
-
-def outcome(result: EngineResult, canaries: Canaries, own: str) -> str:
-    if canaries.foreign(result.text, own):
-        return LEAK
-    return CLEAN if result.status == 200 else ERROR
 
 
 # ---- over-pool ---------------------------------------------------------------------------
@@ -74,20 +67,6 @@ OVER_POOL = {
     "zero_on_free": CLEAN,  # no foreign bytes left to quote; still 200 with prompt_tokens=1
     "deferred_release": LEAK,  # a page-lifetime fix: not this class
 }
-
-
-async def over_pool(engine: DisaggregatedEngine, canaries: Canaries) -> EngineResult:
-    """Four victims (decode's sorted free list wraps around), then the over-pool prompt."""
-    for i in range(4):
-        victim = canaries.prompt(f"victim{i}", 600, tenant=i + 1)
-        result = await engine.generate(engine.request(victim.rid, victim.input_ids, 17))
-        assert result.status == 200
-        assert canaries.owners(result.text) <= {victim.rid}  # a noisy copy may lose its canary
-    attacker = canaries.prompt("attacker", 900)  # prefill's limit is 650, decode's 1018
-    result = await engine.generate(engine.request("attacker", attacker.input_ids, 96))
-    await settle(engine)
-    assert engine.num_allocated_pages() == 0
-    return result
 
 
 async def test_vulnerable_answers_the_over_pool_prompt_from_victims_pages(
@@ -228,7 +207,7 @@ async def mid_transfer_abort(
 async def test_mid_transfer_abort_with_each_fix_alone(canaries: Canaries, fix: str) -> None:
     result, landed_on = await mid_transfer_abort(canaries, fixes=frozenset({fix} if fix else ()))
     assert outcome(result, canaries, "B") == MID_TRANSFER[fix]
-    # README's abort column is measured over HTTP (server/test_server_abort_race.py), where
+    # The docs' abort column is measured over HTTP (server/test_server_abort_race.py), where
     # kv_checksum's late write lands after the check; it names this timing's outcome too
     assert described(result, MID_TRANSFER[fix]) in readme_matrix()[fix][1], fix
     # the vulnerable decode handed A's pages to B before A's write landed; deferred_release

@@ -5,7 +5,10 @@ headless, offline and with an empty profile. Every request the page makes is rou
 a guard that fails the test on anything but `file:` and `data:` URLs (the report must be
 self-contained), console errors are collected, and the checks are on what is visible: the
 verdict sentence and the leak matrix at the top, every plot image loaded and on screen. A
-screenshot of the top of the page is saved as an artefact (its path is printed).
+screenshot of the top of the page is saved as an artefact (its path is printed). The layout
+is measured at 800, 1280 and 1920 px for a leak, a clean and a soak report: the header, the
+leak matrix and every check card each keep their own pixels, no card's text is cut, and the
+page never scrolls sideways.
 
 Skipped, with the reason, only where Playwright or Chromium is not installed.
 """
@@ -19,9 +22,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import run_journals
 from PIL import Image
 
-from kvcanary.reports.render import RenderResult
+from kvcanary.canaries.shape import WORDS
+from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.reports.render import RenderResult, render_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
@@ -161,3 +167,160 @@ def test_checks_that_did_not_run_say_so_on_the_page(
     visit.page.close()
     assert "not run: pool sizes are audited by `kvcanary audit`" in text
     assert "not run: the cache probe did not run" in text
+
+
+# -- layout: the top of the page at every width ------------------------------------------
+
+WIDTHS = (800, 1280, 1920)
+SOAK_TENANTS = [
+    {"name": f"tenant-{i}", "api_key_env": None, "header_names": [], "weight": 1.0}
+    for i in range(4)
+]
+
+
+def soak_run(run_dir: Path) -> Path:
+    """A soak's periodic report: four tenants, a cross-tenant leak and an `unknown_canary`
+    that is the reader's own canary with three words spliced in (the matrix grows an
+    "unknown origin" column)."""
+    recorder = run_journals.RunRecorder(run_dir, "run-soak")
+    recorder.start(SOAK_TENANTS)
+    recorder.phase("soak")
+    requests = [
+        recorder.request(
+            f"tenant-{i % 4}",
+            phase="soak",
+            intent="victim",
+            size_label="medium",
+            num_prompt_tokens=1024,
+            expected="accept",
+            prompt_tokens=1024,
+        )
+        for i in range(12)
+    ]
+    recorder.timing()
+    reader, victim = requests[-1], requests[-2]
+    own = reader.plan.canaries[0].text
+    spliced = " ".join([*own.split()[:4], *WORDS[:3]])  # tag + 3 own words + 3 others
+    recorder.finding(
+        Finding(
+            kind=FindingKind.UNKNOWN_CANARY,
+            severity=Severity.MEDIUM,
+            detector="content",
+            request_id=reader.plan.request_id,
+            tenant=reader.plan.tenant,
+            summary="tenant-3's response contained a canary-shaped marker this run never minted",
+            marker=spliced,
+            offsets=(10, 10 + len(spliced)),
+            excerpt=f"[… 10 chars redacted …] {own} [… 4 chars redacted …] {spliced} [… 9 …]",
+        )
+    )
+    marker = victim.plan.canaries[0].text
+    recorder.finding(
+        Finding(
+            kind=FindingKind.CROSS_TENANT_CANARY,
+            severity=Severity.CRITICAL,
+            detector="content",
+            request_id=reader.plan.request_id,
+            tenant=reader.plan.tenant,
+            summary=f"tenant-3's response held tenant-2's canary from {victim.plan.request_id}",
+            victim_tenant=victim.plan.tenant,
+            victim_request_id=victim.plan.request_id,
+            marker=marker,
+            offsets=(0, len(marker)),
+            excerpt=f"{marker} [… 30 chars redacted …]",
+        )
+    )
+    recorder.finish("duration")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def layouts(
+    rendered: dict[str, RenderResult], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """A leak, a clean and a soak report."""
+    soak = render_run(soak_run(tmp_path_factory.mktemp("soak") / "soak"))
+    return {
+        "leak": rendered["vulnerable"].paths["html"],
+        "clean": rendered["clean"].paths["html"],
+        "soak": soak.paths["html"],
+    }
+
+
+_MEASURE = """() => {
+  const box = element => {
+    const r = element.getBoundingClientRect();
+    return {left: r.left, top: r.top, right: r.right, bottom: r.bottom};
+  };
+  const blocks = [["header", document.querySelector("#verdict")],
+                  ["matrix", document.querySelector("#leak-matrix")],
+                  ["matrix table", document.querySelector("#leak-matrix table")],
+                  ...[...document.querySelectorAll("#checks .check")].map(
+                    (card, i) => ["card " + i + " " + card.querySelector(".k").innerText, card])];
+  const clipped = [...document.querySelectorAll("#checks .check, .matrix-scroll")]
+    .filter(e => e.scrollWidth > e.clientWidth || e.scrollHeight > e.clientHeight)
+    .map(e => e.innerText.split("\\n").join(" "));
+  return {blocks: blocks.map(([name, e]) => [name, box(e)]), clipped,
+          pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth,
+          columns: [...document.querySelectorAll("#leak-matrix tr:first-child th")]
+            .map(th => th.innerText)};
+}"""
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    """Whether two boxes share pixels (touching edges do not count)."""
+    width = min(a["right"], b["right"]) - max(a["left"], b["left"])
+    height = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
+    return width > 0.5 and height > 0.5
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("report", ["leak", "clean", "soak"])
+def test_header_matrix_and_cards_never_overlap_clip_or_scroll_sideways(
+    layouts: dict[str, Path], browser: Any, report: str, width: int
+) -> None:
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(layouts[report].as_uri(), wait_until="load")
+    seen = page.evaluate(_MEASURE)
+    page.close()
+    assert seen["viewport"] == width
+    assert seen["pageWidth"] <= width, "the page scrolls sideways"
+    assert seen["clipped"] == [], "text cut off or scrolled inside a card or the matrix"
+    blocks = seen["blocks"]
+    assert len(blocks) == 3 + len(FindingKind)
+    overlapping = [
+        (first, second)
+        for i, (first, a) in enumerate(blocks)
+        for second, b in blocks[i + 1 :]
+        if _overlap(a, b) and {first, second} != {"matrix", "matrix table"}  # one holds the other
+    ]
+    assert overlapping == []
+    for name, box in blocks:
+        assert box["left"] >= 0, f"{name} is off the page"
+        assert box["right"] <= width, f"{name} is off the page"
+    if report == "soak":  # every owner's column is there, "unknown origin" last
+        assert seen["columns"][1:] == [*(t["name"] for t in SOAK_TENANTS), "unknown origin"]
+
+
+def test_what_to_do_opens_the_leak_report_and_explains_the_spliced_canary(
+    layouts: dict[str, Path], browser: Any
+) -> None:
+    page = browser.new_page()
+    page.goto(layouts["soak"].as_uri(), wait_until="load")
+    section = page.locator("#what-to-do")
+    assert section.is_visible()
+    text = section.inner_text()
+    plots = page.locator("#plots").bounding_box()
+    top = section.bounding_box()
+    page.close()
+    assert plots is not None
+    assert top is not None
+    assert top["y"] < plots["y"]  # what to do comes before the plots
+    assert "cross_tenant_canary (1): One tenant's response quoted another tenant's prompt" in text
+    assert "--disaggregation-enable-kv-checksum" in text
+    assert "SGLang #38935 (merged)" in text
+    assert (
+        "1 of 1 unknown marker finding(s) share half or more of their words with the canaries "
+        "next to them (this run's own canaries, spliced)" in text
+    )

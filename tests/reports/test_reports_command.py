@@ -102,3 +102,29 @@ def test_the_command_module_imports_no_pandas_or_matplotlib() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_hostile_journal_is_read_with_one_line_per_skipped_record(
+    record: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nesting deeper than the stack, a number no int64 holds, a schema of the wrong type:
+    each record is skipped with one line (said once, though the journal is read twice)."""
+    run_dir = record("vulnerable")
+    journal = run_dir / "journal.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    first_observation = next(i for i, line in enumerate(lines) if b'"observation"' in line)
+    lines[first_observation] = lines[first_observation].replace(
+        b'"status":200', b'"status":1' + b"0" * 40
+    )
+    lines[0] = lines[0].replace(b'"schema":1', b'"schema":"2"')
+    lines.insert(2, b"[" * 100_000 + b"\n")
+    journal.write_bytes(b"".join(lines))
+    assert main(["report", str(run_dir), "--format", "json,md,junit"]) == 1  # still a leak
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    said = [line for line in err.splitlines() if line.startswith("kvcanary: report: warning: ")]
+    assert len(said) == 3, err
+    assert "journal.jsonl:1: skipped a 'run_started' record" in said[0]
+    assert "run_started.schema: expected int, got a string" in said[0]
+    assert "journal.jsonl:3: skipped a corrupt line" in said[1]
+    assert "observation.status: integer out of range" in said[2]

@@ -12,7 +12,8 @@ import run_journals
 from kvcanary.harness.record.events import Event, ObservationRecorded, PlanRecorded
 from kvcanary.harness.record.journal import read_journal
 from kvcanary.reports import frames as frames_module
-from kvcanary.reports.frames import frames_from_events, load_frames, size_table, tenant_table
+from kvcanary.reports.frames import frames_from_events, load_frames
+from kvcanary.reports.tables import size_table, tenant_table
 
 
 def test_requests_join_plans_with_observations(record: Callable[[str], Path]) -> None:

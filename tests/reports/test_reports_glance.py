@@ -84,6 +84,7 @@ def test_a_clean_runs_checks_in_summary_json(rendered: dict[str, RenderResult]) 
         "shared_prefix_cache": "not run",
         "pool_smaller_than_context": "not run",
         "error_in_success": "passed",
+        "cache_salt_not_bound": "not run",
     }
 
 
@@ -164,7 +165,7 @@ def test_the_run_table_lists_no_unset_or_repeated_setting(tmp_path: Path) -> Non
 
 def test_the_verdict_block_lists_outputs_in_a_fixed_order() -> None:
     block = verdict_block(
-        "leak",
+        "unsafe",
         ["2 finding(s): 2 unsafe_accept"],
         "interrupted",
         {
@@ -174,7 +175,7 @@ def test_the_verdict_block_lists_outputs_in_a_fixed_order() -> None:
         },
     )
     assert block.splitlines() == [
-        "verdict: LEAK - 2 finding(s): 2 unsafe_accept (run interrupted)",
+        "verdict: UNSAFE - 2 finding(s): 2 unsafe_accept (run interrupted)",
         "  report    r/report.html",
         "  summary   r/summary.json",
         "  journal   r/journal.jsonl",

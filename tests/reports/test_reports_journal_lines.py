@@ -14,8 +14,9 @@ from test_reports_journal_scan import _assert_same, _slow
 
 from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded
 from kvcanary.harness.record.journal import read_journal
-from kvcanary.reports import journal_lines, journal_scan
-from kvcanary.reports.frames import cross_counts, load_frames
+from kvcanary.reports import journal_lines, journal_pick, journal_scan, request_columns
+from kvcanary.reports.frames import load_frames
+from kvcanary.reports.tables import cross_counts
 
 
 @pytest.mark.parametrize("chunk_bytes", [7, 64, 1 << 20])
@@ -76,7 +77,7 @@ def test_hashes_depend_on_the_bytes_only() -> None:
     assert len(set(distinct.values())) == len(distinct)  # no collision among these
     ids = pa.array([value.hex() for value in values])  # Arrow's buffers give the same hashes
     assert (
-        journal_scan._id_hashes(ids.slice(5)).tolist()
+        request_columns.id_hashes(ids.slice(5)).tolist()
         == _hash([value.hex().encode() for value in values[5:]]).tolist()
     )
 
@@ -119,7 +120,7 @@ def test_short_and_escaped_request_ids_are_joined_and_found(
         or (isinstance(e, ObservationRecorded) and e.observation.request_id in named)
     ]
     assert len(expected) == 6
-    assert list(journal_scan.request_lines(run_dir, named)) == expected
+    assert list(journal_pick.request_lines(run_dir, named)) == expected
 
 
 def test_cross_counts_are_crosstab() -> None:

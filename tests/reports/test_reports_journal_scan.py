@@ -14,7 +14,7 @@ import run_journals
 
 from kvcanary.harness.record.events import ObservationRecorded, PlanRecorded
 from kvcanary.harness.record.journal import JournalWarning, read_journal
-from kvcanary.reports import journal_lines, journal_scan
+from kvcanary.reports import journal_lines, journal_pick, journal_scan
 from kvcanary.reports.frames import RunFrames, frames_from_events, load_frames
 
 
@@ -127,7 +127,7 @@ def test_a_request_planned_twice_falls_back(tmp_path: Path) -> None:
 def test_request_lines_decodes_only_the_named_requests(record: Callable[[str], Path]) -> None:
     run_dir = record("vulnerable")
     named = {"run-vuln-mallory-000013", "run-vuln-alice-000011"}
-    events = list(journal_scan.request_lines(run_dir, named))
+    events = list(journal_pick.request_lines(run_dir, named))
     assert len(events) == 4  # a plan and an observation each
     assert {
         e.plan.request_id if isinstance(e, PlanRecorded) else e.observation.request_id
@@ -145,5 +145,42 @@ def test_lines_not_written_compactly_are_still_found(record: Callable[[str], Pat
     ]
     journal.write_bytes(b"".join(spaced))
     named = {"run-vuln-mallory-000013"}
-    assert len(list(journal_scan.request_lines(run_dir, named))) == 2
+    assert len(list(journal_pick.request_lines(run_dir, named))) == 2
     _assert_same(load_frames(run_dir), _slow(run_dir))
+
+
+def _from_a_newer_kvcanary(run_dir: Path, *, schema: int) -> Path:
+    """The incident run as a newer kvcanary might write it: a field it added to every plan,
+    observation and finding (and to the nested usage), and its schema number."""
+    run_journals.vulnerable_run(run_dir)
+    journal = run_dir / "journal.jsonl"
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    for record in records:
+        if record["type"] in ("plan", "observation", "finding"):
+            record["priority"] = 3
+        if record["type"] == "observation":
+            record["usage"]["reasoning_tokens"] = 0
+        if record["type"] == "run_started":
+            record["schema"] = schema
+    journal.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+    return run_dir
+
+
+@pytest.mark.parametrize("schema", [1, 2])  # 1: the fast path reads it; 2: event by event
+def test_unknown_fields_keep_their_records_with_one_warning_each(
+    tmp_path: Path, schema: int
+) -> None:
+    run_dir = _from_a_newer_kvcanary(tmp_path / "newer", schema=schema)
+    with pytest.warns(JournalWarning) as caught:
+        frames = load_frames(run_dir)
+    reference = load_frames(run_journals.vulnerable_run(tmp_path / "same"))
+    pd.testing.assert_frame_equal(frames.requests, reference.requests)
+    assert list(frames.findings["kind"]) == list(reference.findings["kind"])
+    unknown = [str(w.message) for w in caught if "is not known" in str(w.message)]
+    named = sorted(message.split("'")[1] for message in unknown)
+    assert named == [  # each once, not once per line
+        "finding.priority",
+        "observation.priority",
+        "observation.usage.reasoning_tokens",
+        "plan.priority",
+    ]

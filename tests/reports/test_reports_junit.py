@@ -83,9 +83,14 @@ def test_a_clean_run_passes_every_check_it_performed(rendered: dict[str, RenderR
         for case in suite.iter("testcase")
         if case.find("skipped") is not None
     }
-    assert set(skipped) == {"pool_smaller_than_context", "shared_prefix_cache"}
+    assert set(skipped) == {
+        "pool_smaller_than_context",
+        "shared_prefix_cache",
+        "cache_salt_not_bound",
+    }
     assert "kvcanary audit" in skipped["pool_smaller_than_context"]
     assert "--cache-probe" in skipped["shared_prefix_cache"]
+    assert "--cache-probe" in skipped["cache_salt_not_bound"]
 
 
 def test_an_inconclusive_run_skips_checks_and_errors(rendered: dict[str, RenderResult]) -> None:

@@ -14,11 +14,12 @@ from run_journals import PLANTED_FOREIGN_TEXT, PLANTED_KEY_ENV, PLANTED_KEY_VALU
 
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.outputs import REPORT_FILES
 from kvcanary.reports import findings as findings_module
 from kvcanary.reports import plots
 from kvcanary.reports import render as render_module
 from kvcanary.reports.html import highlight
-from kvcanary.reports.render import OUTPUT_NAMES, RenderResult, render_run
+from kvcanary.reports.render import RenderResult, render_run
 from kvcanary.reports.summary import Verdict
 
 
@@ -33,7 +34,7 @@ def test_all_outputs_of_the_contract_are_written(rendered: dict[str, RenderResul
     result = rendered["vulnerable"]
     assert result.errors == {}
     assert result.verdict == Verdict.LEAK
-    for name, file_name in OUTPUT_NAMES.items():
+    for name, file_name in REPORT_FILES.items():
         assert result.paths[name].name == file_name
         assert result.paths[name].stat().st_size > 0
     assert json.loads(result.paths["json"].read_text())["verdict"] == "leak"

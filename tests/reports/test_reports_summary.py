@@ -117,7 +117,8 @@ def test_probes_that_were_never_answered_are_inconclusive(tmp_path: Path) -> Non
     assert summary["counts"]["requests"]["errored"] == 1
 
 
-def test_an_audit_finding_without_requests_is_a_leak(tmp_path: Path) -> None:
+def test_an_audit_finding_without_requests_is_unsafe(tmp_path: Path) -> None:
+    """A pool too small for the context is a protocol defect: unsafe, not (yet) a leak."""
     recorder = RunRecorder(tmp_path, "run-audit")
     recorder.start(TENANTS)
     recorder.finding(
@@ -132,7 +133,7 @@ def test_an_audit_finding_without_requests_is_a_leak(tmp_path: Path) -> None:
     )
     recorder.finish("completed")
     summary = summarise(tmp_path)
-    assert summary["verdict"] == Verdict.LEAK
+    assert summary["verdict"] == Verdict.UNSAFE
     assert summary["counts"]["findings"]["pool_smaller_than_context"] == 1
 
 
@@ -323,3 +324,68 @@ def test_without_probes_no_above_limit_request_is_not_within_limits_only(tmp_pat
     assert summary["evidence"]["num_probes_sent"] == 0
     assert summary["verdict"] == Verdict.INCONCLUSIVE
     assert summary["verdict_reasons"] == ["no above-limit request was answered by the target"]
+
+
+def test_an_over_limit_prompt_accepted_with_a_real_prefill_is_unsafe_not_a_leak(
+    tmp_path: Path,
+) -> None:
+    """Five requests, the only finding an `unsafe_accept` whose usage shows a real prefill:
+    a protocol defect. The same answer faster than a prefill would be the incident."""
+    recorder = RunRecorder(tmp_path, "run-five")
+    recorder.start(TENANTS)
+    recorder.phase("fill")
+    for tenant, tokens in (("alice", 512), ("bob", 1024), ("alice", 2048), ("bob", 512)):
+        recorder.request(
+            tenant,
+            phase="fill",
+            intent="victim",
+            size_label=str(tokens),
+            num_prompt_tokens=tokens,
+            expected="accept",
+            prompt_tokens=tokens,
+        )
+    recorder.phase("probe")
+    probe = recorder.request(
+        "mallory",
+        phase="probe",
+        intent="probe",
+        size_label="above-context",
+        num_prompt_tokens=9000,
+        expected="reject",
+        prompt_tokens=9000,
+    )
+    recorder.finding(
+        Finding(
+            kind=FindingKind.UNSAFE_ACCEPT,
+            severity=Severity.HIGH,
+            detector="protocol",
+            request_id=probe.plan.request_id,
+            tenant="mallory",
+            summary="a 9000-token prompt above the context got HTTP 200 (usage.prompt_tokens="
+            "9000 shows a real prefill and nothing leaked)",
+        )
+    )
+    recorder.finish("completed")
+    summary = summarise(tmp_path)
+    assert summary["counts"]["requests"]["total"] == 5
+    assert summary["verdict"] == Verdict.UNSAFE
+    assert summary["verdict_reasons"][0].startswith("1 finding(s): 1 unsafe_accept")
+    assert "no evidence that one tenant's data reached another" in summary["verdict_reasons"][0]
+
+
+def test_a_probe_that_could_not_decide_makes_the_run_inconclusive(tmp_path: Path) -> None:
+    from run_journals import clean_run
+
+    from kvcanary.harness.record.events import ProbeFinished
+    from kvcanary.harness.record.journal import encode_event
+
+    run_dir = clean_run(tmp_path / "run")
+    assert summarise(run_dir)["verdict"] == Verdict.CLEAN
+    details = {"assessment": {"reasons": ["the positive control saw no cache"]}}
+    with (run_dir / "journal.jsonl").open("ab") as journal:
+        journal.write(encode_event(ProbeFinished("cache_probe", "inconclusive", details, 2.0)))
+    summary = summarise(run_dir)
+    assert summary["verdict"] == Verdict.INCONCLUSIVE
+    assert summary["verdict_reasons"] == [
+        "the cache probe could not reach a decision: the positive control saw no cache"
+    ]

@@ -126,3 +126,17 @@ def test_spec_resolution_derives_or_keeps_expected() -> None:
     assert forced.expected == "accept"
     with pytest.raises(ConfigError, match="unknown name"):
         SizeSpec("bad", "pools", "probe")
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("reject", "boundary"), ("stop", "accept"), (None, "boundary")]
+)
+def test_a_prompt_that_fits_but_its_answer_does_not_follows_the_engine(
+    policy: str | None, expected: str
+) -> None:
+    limits = Limits(8192, 4096, 16, "flags", max_tokens_policy=policy)
+    assert expected_outcome(4000, limits, max_tokens=64) == "accept"  # 4064 fits the context
+    assert expected_outcome(4033, limits, max_tokens=64) == expected  # 4097 does not
+    assert expected_outcome(4032, limits, max_tokens=64) == "accept"  # exactly the context
+    assert expected_outcome(4096, limits, max_tokens=64) == "boundary"  # the prompt: at it
+    assert expected_outcome(4097, limits, max_tokens=64) == "reject"  # and above it

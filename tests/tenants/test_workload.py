@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvcanary.canaries.errors import ConfigError
@@ -41,17 +43,37 @@ def test_incident_profile_on_an_incident_deployment() -> None:
 
 def test_incident_profile_on_a_sane_deployment() -> None:
     resolved = get_profile("incident").resolve(SANE)
-    assert {v.expected for v in resolved.victims} == {"accept"}
+    # `limit-1` leaves no room for its 16-token answer: an engine not identified may take
+    # it or refuse it (a boundary), the others are accepted
+    assert [v.expected for v in resolved.victims] == ["accept", "accept", "accept", "boundary"]
     assert max(v.num_tokens for v in resolved.victims) == 8191  # below the context
     expected = {p.label: p.expected for p in resolved.probes}
     assert expected == {
         "pool": "reject",
         "pool+1": "reject",
         "(pool+context)/2": "reject",
-        "context-1": "accept",
+        "context-1": "boundary",  # 8191 + 64 tokens of answer do not fit the context
         "context": "boundary",
         "context+1": "reject",
     }
+
+
+@pytest.mark.parametrize(
+    ("policy", "within_the_context"), [("reject", "boundary"), ("stop", "accept")]
+)
+def test_a_prompt_whose_answer_cannot_fit_follows_the_engines_convention(
+    policy: str, within_the_context: str
+) -> None:
+    """vLLM and SGLang refuse prompt + max_tokens above the context (either answer is
+    defensible: a boundary); llama.cpp answers until its context is full (accepted). Either
+    way the prompt itself fits: never a reject, so never an unsafe_accept."""
+    limits = dataclasses.replace(SANE, max_tokens_policy=policy)
+    resolved = get_profile("incident").resolve(limits)
+    assert resolved.victims[-1].expected == within_the_context  # limit-1, 16 tokens of answer
+    expected = {p.label: p.expected for p in resolved.probes}
+    assert expected["context-1"] == within_the_context
+    assert (expected["context"], expected["context+1"]) == ("boundary", "reject")
+    assert [v.expected for v in resolved.victims[:3]] == ["accept"] * 3
 
 
 def test_limits_profile_edges() -> None:
@@ -70,7 +92,8 @@ def test_limits_profile_edges() -> None:
 def test_below_profile_stays_below_every_limit(limits: Limits) -> None:
     resolved = get_profile("below").resolve(limits)
     sizes = resolved.victims + resolved.probes
-    assert {s.expected for s in sizes} == {"accept"}
+    # `limit-1` with its answer may not fit the context (SANE): a boundary, never a reject
+    assert {s.expected for s in sizes} <= {"accept", "boundary"}
     assert max(s.num_tokens for s in sizes) < min(limits.pool_tokens, limits.context_tokens)
 
 

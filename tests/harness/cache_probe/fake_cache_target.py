@@ -4,7 +4,11 @@ A raw ASGI app serving `/v1/completions` (streaming and not). The prompt is toke
 cl100k_base; whole pages of it that an earlier request in the same cache namespace already
 had are "cached". The first token is delayed by `base_s + per_token_s * uncached tokens`,
 so a hit really is faster, and usage reports `prompt_tokens_details.cached_tokens` (unless
-`report_cached` is off). Cache modes:
+`report_cached` is off; with `loaded_as_cached`, as a disaggregated vLLM's decode does, the
+whole prompt but its last token on every request, hit or miss: the KV it loaded from
+prefill). `GET /metrics` counts the real hits as vLLM does (`vllm:prefix_cache_queries_total`,
+`vllm:prefix_cache_hits_total`, unless `serve_metrics` is off); any other GET is a 404.
+Cache modes:
 
     off       no cache: every request is a miss
     shared    one namespace for everyone (a cross-tenant leak)
@@ -58,9 +62,14 @@ class FakeCacheTarget:
     """Sized for a `VirtualClock`: a 256-token miss is charged 0.26 s, a hit on 224 of
     them 0.04 s, so a loaded machine's milliseconds of noise never blur the two."""
     report_cached: bool = True
+    loaded_as_cached: bool = False
+    serve_metrics: bool = True
     tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer("cl100k_base"))
     pages: set[tuple[Any, tuple[int, ...]]] = field(default_factory=set)
     num_requests: int = 0
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+    num_gets: int = 0
 
     def namespace(self, body: dict[str, Any], headers: dict[bytes, bytes]) -> Any:
         if self.mode == "salted":
@@ -91,12 +100,19 @@ class FakeCacheTarget:
             raw += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        if scope["method"] == "GET":
+            await self.get(scope["path"], send)
+            return
         body = json.loads(raw)
         headers = dict(scope["headers"])
         ids = self.tokenizer.encode(body["prompt"])
         self.num_requests += 1
         cached = self.serve(ids, self.namespace(body, headers))
+        self.num_queried_tokens += len(ids)
+        self.num_hit_tokens += cached
         uncached = len(ids) if self.mode == "constant" else len(ids) - cached
+        if self.loaded_as_cached:
+            cached = len(ids) - 1
         delay_s = self.base_s + self.per_token_s * uncached
         clock = time.perf_counter_ns
         if isinstance(clock, VirtualClock):
@@ -117,6 +133,23 @@ class FakeCacheTarget:
         else:
             payload = json.dumps({"choices": [choice], "usage": usage}).encode()
             content_type = b"application/json"
-        start = {"type": "http.response.start", "status": 200}
-        await send({**start, "headers": [(b"content-type", content_type)]})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await _respond(send, 200, content_type, payload)
+
+    async def get(self, path: str, send: Send) -> None:
+        self.num_gets += 1
+        if path != "/metrics" or not self.serve_metrics:
+            await _respond(send, 404, b"application/json", b'{"error": "not found"}')
+            return
+        lines = [
+            "# TYPE vllm:prefix_cache_queries counter",
+            f'vllm:prefix_cache_queries_total{{engine="0"}} {float(self.num_queried_tokens)}',
+            "# TYPE vllm:prefix_cache_hits counter",
+            f'vllm:prefix_cache_hits_total{{engine="0"}} {float(self.num_hit_tokens)}',
+        ]
+        await _respond(send, 200, b"text/plain; version=0.0.4", "\n".join(lines).encode() + b"\n")
+
+
+async def _respond(send: Send, status: int, content_type: bytes, payload: bytes) -> None:
+    start = {"type": "http.response.start", "status": status}
+    await send({**start, "headers": [(b"content-type", content_type)]})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})

@@ -19,6 +19,7 @@ from fake_cache_target import FakeCacheTarget, VirtualClock
 
 from kvcanary.canaries import Tokenizer, load_tokenizer
 from kvcanary.canaries.errors import ConfigError
+from kvcanary.harness.cache_probe.counters import MetricsCounters
 from kvcanary.harness.cache_probe.probe import (
     CacheProbe,
     CacheProbeResult,
@@ -78,11 +79,16 @@ async def probe(
     tokenizer: Tokenizer,
     settings: ProbeSettings = SETTINGS,
     events: list[Event] | None = None,
+    *,
+    counters: bool = False,
 ) -> CacheProbeResult:
     emit = events.append if events is not None else None
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=target)) as http:
         client = TargetClient(http, "http://target", model="fake")
-        return await run_cache_probe(client, tenants, tokenizer, settings, emit=emit)
+        source = MetricsCounters(http, "http://target") if counters else None
+        return await run_cache_probe(
+            client, tenants, tokenizer, settings, emit=emit, counters=source
+        )
 
 
 async def test_a_shared_cache_is_found_with_agreeing_cached_tokens(
@@ -116,9 +122,12 @@ async def test_a_salted_cache_isolates_tenants_but_trusts_a_spoofed_salt(
     assert result.assessment.positive_control.cache_hit
     by_kind = Counter((c.kind, c.cache_hit) for c in result.assessment.contrasts)
     assert by_kind == {("cross_tenant", False): 2, ("spoofed_salt", True): 2}
-    assert result.verdict == "leak"
+    # a salt the client chooses opens another tenant's cache: unsafe, not a cache shared by all
+    assert result.verdict == "unsafe"
     assert {f.details["contrast"]["kind"] for f in result.findings} == {"spoofed_salt"}
+    assert {f.kind for f in result.findings} == {FindingKind.CACHE_SALT_NOT_BOUND}
     assert "cache_salt" in result.findings[0].summary
+    assert "not bound to the credential" in result.findings[0].summary
 
 
 async def test_a_salt_derived_from_the_credential_is_not_found(
@@ -168,6 +177,92 @@ async def test_without_cached_tokens_timing_alone_decides(
     assert result.verdict == "leak"
     assert result.assessment.agreement is None
     assert all(c.reported.num_reporting == 0 for c in result.assessment.contrasts)
+
+
+async def test_cached_tokens_reported_on_every_request_count_only_beyond_the_miss_arm(
+    tenants: list[Tenant], tokenizer: Tokenizer
+) -> None:
+    """A disaggregated vLLM's decode reports the KV it loaded from prefill as cached on every
+    request, misses included: that count is no cross-tenant hit."""
+    target = FakeCacheTarget("derived", loaded_as_cached=True)
+    result = await probe(target, tenants, tokenizer)
+
+    assert result.verdict == "clean"
+    assert result.findings == ()
+    assert result.assessment.positive_control.timing_hit
+    for contrast in result.assessment.contrasts:
+        assert contrast.baseline_reported.says_hit is True  # taken alone, every miss is "cached"
+        assert contrast.reported.control_median == 255  # the miss arm's median, subtracted
+        assert contrast.reported.num_reported_hits == 0
+        assert not contrast.cache_hit
+
+
+async def test_a_spoofed_salt_under_a_disaggregated_count_is_a_salt_finding_only(
+    tenants: list[Tenant], tokenizer: Tokenizer
+) -> None:
+    target = FakeCacheTarget("salted", loaded_as_cached=True)
+    result = await probe(target, tenants, tokenizer)
+
+    assert result.verdict == "unsafe"
+    assert {f.kind for f in result.findings} == {FindingKind.CACHE_SALT_NOT_BOUND}
+    assert {(f.victim_tenant, f.tenant) for f in result.findings} == {
+        ("alice", "bob"),
+        ("bob", "alice"),
+    }
+
+
+async def test_the_engines_prefix_cache_counters_are_a_second_witness(
+    tenants: list[Tenant], tokenizer: Tokenizer
+) -> None:
+    """Timing shows nothing and no cached_tokens come back: the counters alone find it."""
+    target = FakeCacheTarget("constant", report_cached=False)
+    events: list[Event] = []
+    result = await probe(target, tenants, tokenizer, events=events, counters=True)
+
+    assert result.counters == "vllm:prefix_cache_hits"
+    assert result.verdict == "leak"
+    cross = [c for c in result.assessment.contrasts if c.kind == "cross_tenant"]
+    for contrast in cross:
+        assert not contrast.timing_hit
+        assert contrast.witnessed_by == ("prefix-cache counters",)
+        assert contrast.counted.control_median == 0
+        assert contrast.counted.num_reported_hits == contrast.counted.num_reporting == 10
+        assert contrast.reported.says_hit is None  # no cached_tokens at all
+    finished = events[-1]
+    assert isinstance(finished, ProbeFinished)
+    assert finished.details["counters"] == "vllm:prefix_cache_hits"
+    journaled = finished.details["assessment"]["contrasts"][0]["counted"]
+    assert journaled["says_hit"] is not None
+    assert "prefix-cache counters" in result.findings[0].summary
+
+
+async def test_counters_count_relative_to_the_miss_arm_and_agree_with_timing(
+    tenants: list[Tenant], tokenizer: Tokenizer
+) -> None:
+    target = FakeCacheTarget("derived", loaded_as_cached=True)
+    result = await probe(target, tenants, tokenizer, counters=True)
+
+    assert result.verdict == "clean"
+    positive = result.assessment.positive_control
+    assert positive.timing_hit
+    assert positive.counted.says_hit is True  # the counters see the tenant's own hit ...
+    assert positive.reported.says_hit is False  # ... which decode's cached_tokens hide
+    assert positive.agreement is False
+    for contrast in result.assessment.contrasts:
+        assert contrast.counted.says_hit is False
+        assert contrast.agreement is True
+
+
+async def test_a_target_without_counters_is_asked_once(
+    tenants: list[Tenant], tokenizer: Tokenizer
+) -> None:
+    target = FakeCacheTarget("shared", serve_metrics=False)
+    result = await probe(target, tenants, tokenizer, counters=True)
+
+    assert result.counters is None
+    assert target.num_gets == 1
+    assert all(c.counted.num_reporting == 0 for c in result.assessment.contrasts)
+    assert result.verdict == "leak"
 
 
 def test_prompts_are_exact_with_a_page_aligned_shared_prefix(
@@ -318,6 +413,10 @@ def test_anonymous_tenants_get_distinct_tokens_and_salts_on_request(
     assert all(len(t.cache_salt or "") >= 43 for t in anonymous)  # 256 bits, urlsafe base64
     assert not shares_credentials(anonymous)
     assert shares_credentials(keyed)
+    # what is sent decides, not the variables' names: two variables holding one key share it
+    monkeypatch.setenv("COPY_OF_SHARED_KEY", "k")
+    copied = [Tenant("a", api_key_env="SHARED_KEY"), Tenant("b", api_key_env="COPY_OF_SHARED_KEY")]
+    assert shares_credentials(probe_tenants(copied))
     assert all(t.cache_salt is None and not t.headers for t in keyed)
 
 

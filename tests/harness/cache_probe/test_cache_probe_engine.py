@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kvcanary.canaries import load_tokenizer
+from kvcanary.harness.cache_probe.counters import MetricsCounters
 from kvcanary.harness.cache_probe.probe import (
     DEFAULT_NUM_TRIALS,
     CacheProbeResult,
@@ -22,6 +23,7 @@ from kvcanary.harness.cache_probe.probe import (
     run_cache_probe,
 )
 from kvcanary.harness.cache_probe.stats import DEFAULT_ALPHA
+from kvcanary.harness.record.finding import FindingKind
 from kvcanary.harness.target.client import TargetClient
 from kvcanary.reference_engine.server.app import build_app
 from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
@@ -56,7 +58,10 @@ async def probe_engine(
     transport = StreamingASGITransport(app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport) as http:
         client = TargetClient(http, "http://engine", model="kvcanary-reference")
-        return await run_cache_probe(client, tenants, load_tokenizer("cl100k_base"), SETTINGS)
+        counters = MetricsCounters(http, "http://engine")
+        return await run_cache_probe(
+            client, tenants, load_tokenizer("cl100k_base"), SETTINGS, counters=counters
+        )
 
 
 @pytest.mark.timing
@@ -91,6 +96,23 @@ async def test_a_credential_derived_salt_is_not_found_and_the_positive_control_p
     kinds = sorted(c.kind for c in result.assessment.contrasts)
     assert kinds == ["cross_tenant", "cross_tenant", "spoofed_salt", "spoofed_salt"]
     assert all(c.reported.num_reported_hits == 0 for c in result.assessment.contrasts)
+
+
+@pytest.mark.timing
+async def test_a_salt_taken_from_the_client_is_not_bound_to_its_credential(
+    tenants: list[Tenant],
+) -> None:
+    """The engine's `cache_salt` fix keys its cache by the salt the client sends: tenants
+    are isolated, but one that sends another's salt is served from that tenant's cache."""
+    result = await probe_engine(tenants, ("cache_salt",))
+
+    assert result.verdict == "unsafe"
+    assert result.counters == "sglang:cached_tokens"  # the engine's own counters, too
+    assert result.assessment.positive_control.counted.says_hit is True
+    by_kind = {(c.kind, c.cache_hit) for c in result.assessment.contrasts}
+    assert by_kind == {("cross_tenant", False), ("spoofed_salt", True)}
+    assert [f.kind for f in result.findings] == [FindingKind.CACHE_SALT_NOT_BOUND] * 2
+    assert all("not bound to the credential" in f.summary for f in result.findings)
 
 
 async def test_no_cache_is_unverifiable(tenants: list[Tenant]) -> None:

@@ -119,6 +119,32 @@ def test_reported_cached_tokens_count_hits_at_half_the_shared_prefix() -> None:
     assert reported_truth([896, 896, 0], 896).says_hit is True
 
 
+def test_a_reported_count_is_evidence_only_beyond_the_miss_arms() -> None:
+    """A disaggregated decode reports what it loaded from prefill as cached on every request,
+    and a shared chat template is cached for everyone: only the excess counts."""
+    loaded = reported_truth([1008, 1008, 1000], 896, control=[1008, 992, 1008])
+    assert loaded.control_median == 1008
+    assert loaded.num_reported_hits == 0
+    assert loaded.says_hit is False
+    beyond = reported_truth([912, 912, 16], 896, control=[16, 16, 0])
+    assert beyond.num_reported_hits == 2  # 896 beyond the template's 16
+    assert beyond.says_hit is True
+    assert reported_truth([1008], 896, control=[None, None]).says_hit is None  # a silent control
+
+
+def test_a_pd_count_on_every_arm_makes_no_finding() -> None:
+    rng = np.random.default_rng(RNG_SEED + 10)
+    miss = arm(100, rng, 1008)
+    positive = ArmPair("same_tenant", "*", "*", arm(20, rng, 1008), miss)
+    cross = ArmPair("cross_tenant", "a", "b", arm(100, rng, 1008), miss)
+
+    result = assess(positive, [cross], shared_tokens=896)
+
+    assert result.verdict == "clean"
+    assert findings_of(result, {}) == []
+    assert result.contrasts[0].baseline_reported.says_hit is True  # alone it looks cached
+
+
 def arm(median_ms: float, rng: np.random.Generator, cached: int | None, n: int = 20) -> ArmSample:
     return ArmSample(tuple(ttfts(median_ms, n, rng)), (cached,) * n)
 
@@ -203,7 +229,9 @@ def test_findings_carry_the_statistics() -> None:
 
     (finding,) = findings_of(result, {"num_trials": 20})
 
-    assert finding.kind == FindingKind.SHARED_PREFIX_CACHE
+    # only the borrowed salt let bob in (no plain cross-tenant arm was served)
+    assert finding.kind == FindingKind.CACHE_SALT_NOT_BOUND
+    assert result.verdict == "unsafe"
     assert finding.severity == Severity.HIGH
     assert (finding.tenant, finding.victim_tenant) == ("bob", "alice")
     assert "with alice's cache_salt" in finding.summary

@@ -127,20 +127,50 @@ def test_the_vulnerable_engine_fails_the_incident_checks_readably(
     assert (pytester.path / "runs" / "suite-below" / "journal.jsonl").is_file()
 
 
+CLASHING = ("reports", "harness", "canaries", "tenants")
+"""Generic names a user's own project may hold at its top level (PyPI has `harness`, `reports`
+and `canaries` too): the plugin's import names are `kvcanary.*`, so both load side by side."""
+
+OWN_MODULES_TEST = """
+    from canaries import flags
+    from harness import fixtures
+    from reports import weekly
+    from tenants import roster
+
+
+    def test_the_projects_own_packages_still_import():
+        assert (weekly.NAME, fixtures.NAME, flags.NAME, roster.NAME) == (
+            "reports.weekly", "harness.fixtures", "canaries.flags", "tenants.roster"
+        )
+"""
+
+
+def make_clashing_project(pytester: pytest.Pytester) -> None:
+    """A user's project whose own top-level packages share the folder names of kvcanary."""
+    for package, module in zip(CLASHING, ("weekly", "fixtures", "flags", "roster"), strict=True):
+        pytester.mkpydir(package)
+        (pytester.path / package / f"{module}.py").write_text(f"NAME = '{package}.{module}'\n")
+    pytester.makepyfile(test_own=textwrap.dedent(OWN_MODULES_TEST))
+
+
 def test_the_hardened_engine_passes_every_check(pytester: pytest.Pytester) -> None:
-    pytester.makeini(INI)
+    # the user's project has its own `reports`, `harness`, `canaries` and `tenants` packages
+    pytester.makeini(INI + "pythonpath = .\n")
+    make_clashing_project(pytester)
     result = run_suite(pytester, "hardened")
     found = outcomes(pytester.path / "junit.xml")
+    assert found.pop("test_the_projects_own_packages_still_import") == "passed"
+    assert result.ret == pytest.ExitCode.OK
     timing = found.pop("test_6_ttft_shows_a_real_prefill")
     # check 9, the prefix-cache probe, is opt-in (tests/harness/plugin/test_plugin_cache_probe.py)
     assert found.pop("test_9_no_tenant_is_served_from_anothers_prefix_cache") == "skipped"
     assert set(found.values()) == {"passed"}
     assert len(found) == NUM_CHECKS - 2
+    # xunit2 (pytest's default JUnit family) keeps each check's reason as a suite property
     reasons = {
-        str(case.get("name")): str(prop.get("value"))
-        for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
-        for prop in case.iter("property")
-        if prop.get("name") == "kvcanary_reason"
+        str(prop.get("name")).removeprefix("kvcanary_reason."): str(prop.get("value"))
+        for prop in ET.parse(pytester.path / "junit.xml").getroot().iter("property")
+        if str(prop.get("name")).startswith("kvcanary_reason.")
     }
     assert reasons["test_1_over_pool_prompts_are_rejected"].startswith("all ")
     # On a busy 2-core machine the largest prompt the hardened engine accepts (2045 tokens,

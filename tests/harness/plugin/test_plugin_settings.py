@@ -7,15 +7,20 @@ a user's pytest would load it.
 
 from __future__ import annotations
 
+import http.server
 import importlib
 import re
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 
 import pytest
+
+from kvcanary.harness.run.options import OPTIONS_BY_NAME
 
 # In-process pytest runs forget the modules they imported when they end (pytester restores
 # sys.modules), while numpy refuses a second import in one process and httpx keeps a map
@@ -73,7 +78,8 @@ def test_help_shows_one_kvcanary_group_with_the_shared_options(pytester: pytest.
     ):  # fmt: skip
         assert flag in group, flag
     # the CLI's help text, defaults included, comes from the same definitions
-    assert "Number of simulated tenants. Default: 4." in group
+    tenants = OPTIONS_BY_NAME["tenants"]
+    assert f"{tenants.help} Default: {tenants.default}." in " ".join(group.split())
     assert "kvcanary_target (string)" in text  # the ini equivalent
 
 
@@ -103,9 +109,11 @@ def test_layers(kvcanary_target, kvcanary_tenants):
 """
 
 
-def test_settings_merge_file_then_ini_then_command_line(pytester: pytest.Pytester) -> None:
+def test_settings_merge_file_then_ini_then_command_line(
+    pytester: pytest.Pytester, no_models_url: str
+) -> None:
     pytester.makefile(".toml", kv="[run]\ntenants = 5\nseed = 7\nduration = '1m'\n")
-    ini = f"kvcanary_target = {closed_port_url()}\nkvcanary_config = kv.toml\n"
+    ini = f"kvcanary_target = {no_models_url}\nkvcanary_config = kv.toml\n"
     project(pytester, ini=ini + "kvcanary_tenants = 3\nkvcanary_requests = 4")
     # tenants: file 5 < ini 3 < command line 2; the ini's requests drops the file's duration
     for args, tenants in (((), 3), (("--kvcanary-tenants=2",), 2)):
@@ -224,37 +232,73 @@ def test_tenants_and_canaries_need_no_target(pytester: pytest.Pytester) -> None:
     run(pytester, "--kvcanary-tenants=3", "--kvcanary-seed=5").assert_outcomes(passed=1)
 
 
-def test_an_unreachable_target_fails_every_check_with_one_line(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--kvcanary-api-key-env=KVCANARY_TEST_UNSET_KEY"],
+            "ERROR: kvcanary: tenant 'tenant-0': environment variable KVCANARY_TEST_UNSET_KEY "
+            "is not set or empty",
+        ),
+        (
+            [],
+            "ERROR: kvcanary: cannot reach the target at {url} (unreachable: *); "
+            "check --kvcanary-target",
+        ),
+    ],
+)
+def test_an_unusable_target_is_one_usage_error_at_session_start(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    monkeypatch.delenv("KVCANARY_TEST_UNSET_KEY", raising=False)
     url = closed_port_url()
     project(pytester, ini=f"kvcanary_target = {url}")  # the ini spelling of --kvcanary-target
-    result = run(
-        pytester,
-        "--kvcanary-suite",
-        "--kvcanary-cache-probe",  # check 9 is opt-in
-        "--junitxml=junit.xml",
-        "--kvcanary-out=o",
-    )
-    result.assert_outcomes(failed=NUM_CHECKS)
-    result.stdout.fnmatch_lines(
-        [f"kvcanary check 1 could not run: cannot reach the target at {url}*"]
-    )
-    assert "Traceback" not in result.stdout.str()
-    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
-    assert {case.get("classname") for case in cases} == {"kvcanary"}
+    result = run(pytester, "--kvcanary-suite", "--kvcanary-cache-probe", "--kvcanary-out=o", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = "\n".join([*result.outlines, *result.errlines]).strip().splitlines()
+    assert len(lines) <= 3, lines
+    result.stderr.fnmatch_lines([message.format(url=url)])
+    assert "Traceback" not in result.stderr.str()
+    assert "During handling" not in result.stderr.str()
+    assert not (pytester.path / "o").exists()  # before any test ran
+
+
+class _NoModels(http.server.BaseHTTPRequestHandler):
+    """A target that answers every request with 404: reachable, but it serves nothing."""
+
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def no_models_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoModels)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
 
 
 def test_a_config_file_supplies_settings_and_kvcanary_run_checks_its_overrides(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, no_models_url: str
 ) -> None:
-    url = closed_port_url()
-    pytester.makefile(".toml", kv=f'[run]\ntarget = "{url}"\nrequests = 5\n')
+    pytester.makefile(".toml", kv=f'[run]\ntarget = "{no_models_url}"\nrequests = 5\n')
     project(
         pytester,
         test_user="""
             def test_bad_override(kvcanary_run):
                 kvcanary_run(requestz=3)
 
-            def test_unreachable(kvcanary_run):
+            def test_no_model(kvcanary_run):
                 kvcanary_run(requests=2)
         """,
     )
@@ -262,8 +306,10 @@ def test_a_config_file_supplies_settings_and_kvcanary_run_checks_its_overrides(
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(
         ["*kvcanary: kvcanary_run() got unknown setting(s) requestz; known: *",
-         f"*kvcanary: cannot reach the target at {url}*"]
+         "*kvcanary: could not read the target's KV pool size and context length from "
+         f"{no_models_url} *"]
     )  # fmt: skip
+    assert "During handling" not in result.stdout.str()  # one message, no chain before it
 
 
 def test_a_bad_config_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -286,3 +332,28 @@ def test_loading_the_plugin_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("family", ["xunit2", "xunit1"])
+def test_a_checks_reason_goes_where_the_junit_family_allows_without_a_warning(
+    pytester: pytest.Pytester, no_models_url: str, family: str
+) -> None:
+    # check 8 reads the target's pools: this one reports none, so the check skips, saying why
+    project(pytester, ini=f"kvcanary_target = {no_models_url}\njunit_family = {family}")
+    result = run(pytester, "--kvcanary-suite", "-k", "test_8", "--junitxml=junit.xml")
+    result.assert_outcomes(skipped=1)
+    assert "record_property is incompatible" not in result.stdout.str()
+    assert "PytestWarning" not in result.stdout.str()
+    root = ET.parse(pytester.path / "junit.xml").getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    case = suite.find("testcase")
+    assert case is not None
+    if family == "xunit2":  # its schema has no test case properties: the suite's carry it
+        assert case.find("properties") is None
+        name = "kvcanary_reason.test_8_kv_pool_holds_the_context"
+        found = suite.findall(f"properties/property[@name='{name}']")
+    else:
+        found = case.findall("properties/property[@name='kvcanary_reason']")
+    assert len(found) == 1
+    assert found[0].get("value", "").startswith("the KV pool could not be read")

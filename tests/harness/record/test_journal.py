@@ -26,8 +26,11 @@ from kvcanary.harness.record.events import (
 )
 from kvcanary.harness.record.finding import Finding, FindingKind, Severity
 from kvcanary.harness.record.journal import (
+    RECORD_START,
+    REQUEST_LINE_PREFIXES,
     JournalWarning,
     JournalWriter,
+    encode_event,
     journal_segments,
     read_journal,
 )
@@ -117,6 +120,17 @@ def test_every_event_type_round_trips(tmp_path: Path) -> None:
     assert list(read_journal(tmp_path)) == every_event()
 
 
+def test_every_line_starts_as_the_contract_declares() -> None:
+    """Fast readers pick request lines by their declared prefix without parsing them."""
+    for event in every_event():
+        line = encode_event(event)
+        assert line.startswith(RECORD_START)
+        record_type = json.loads(line)["type"]
+        if record_type in REQUEST_LINE_PREFIXES:
+            assert line.startswith(REQUEST_LINE_PREFIXES[record_type])
+    assert set(REQUEST_LINE_PREFIXES) == {"plan", "observation"}
+
+
 def test_lines_are_strict_json_one_record_each(tmp_path: Path) -> None:
     weird = dataclasses.replace(
         finding(), details={"ratio": float("nan"), "kind": FindingKind.FAST_PREFILL, "t": (1, 2)}
@@ -173,23 +187,76 @@ def test_resuming_after_a_torn_write_keeps_the_next_record_whole(tmp_path: Path)
     assert events == [PhaseStarted("fill", 1.0), PhaseStarted("probe", 2.0)]
 
 
-def test_unknown_record_type_is_skipped_with_a_warning(tmp_path: Path) -> None:
+def test_unknown_record_type_is_skipped_and_unknown_fields_are_dropped_with_a_warning(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "journal.jsonl"
     with JournalWriter(path) as journal:
         journal.write(PhaseStarted("fill", 1.0))
     with path.open("a") as f:
         f.write('{"type":"hologram","x":1}\n')
         f.write('{"type":"phase","phase":"probe","t_wall":2.0,"from_the_future":1}\n')
+        f.write('{"type":"phase","phase":"abort","t_wall":2.5,"from_the_future":2}\n')
         f.write("[1, 2]\n")
     with JournalWriter(path) as journal:
         journal.write(RunFinished("completed", 3.0, 0))
     with pytest.warns(JournalWarning) as caught:
         events = list(read_journal(path))
+    assert events == [  # a newer kvcanary's field costs nothing but itself
+        PhaseStarted("fill", 1.0),
+        PhaseStarted("probe", 2.0),
+        PhaseStarted("abort", 2.5),
+        RunFinished("completed", 3.0, 0),
+    ]
+    messages = [str(w.message) for w in caught]
+    assert any("'hologram'" in message for message in messages)
+    assert sum("'phase.from_the_future'" in message for message in messages) == 1  # once
+    assert any("not a journal record" in message for message in messages)
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b"[" * 100_000 + b"\n", "corrupt line"),  # deeper than Python's stack
+        (b'{"type":"observation","request_id":"r","tenant":"a","status":' + b"1" + b"0" * 40
+         + b',"t_wall":1.0,"t_scheduled_ns":1,"t_sent_ns":2}\n', "out of range"),
+        (b'{"type":"run_finished","reason":"completed","t_wall":1e999,"num_requests":0}\n',
+         "out of range"),
+        (b'{"type":"phase","phase":"fill","t_wall":"soon"}\n', "expected float, got a string"),
+        (b'{"type":"phase","phase":["fill"],"t_wall":1.0}\n', "expected str, got a list"),
+        (b'{"type":"finding","t_wall":1.0,"kind":"vibes","severity":"high","detector":"d",'
+         b'"request_id":null,"tenant":null,"summary":"s"}\n', "not a known value"),
+        (b'{"type":"phase","t_wall":1.0}\n', "phase"),  # a required field missing
+    ],
+)  # fmt: skip
+def test_a_hostile_line_is_skipped_with_one_warning(tmp_path: Path, line: bytes, why: str) -> None:
+    path = tmp_path / "journal.jsonl"
+    with JournalWriter(path) as journal:
+        journal.write(PhaseStarted("fill", 1.0))
+    with path.open("ab") as f:
+        f.write(line)
+    with JournalWriter(path) as journal:
+        journal.write(RunFinished("completed", 3.0, 0))
+    with pytest.warns(JournalWarning) as caught:
+        events = list(read_journal(path))
     assert events == [PhaseStarted("fill", 1.0), RunFinished("completed", 3.0, 0)]
-    messages = " ".join(str(w.message) for w in caught)
-    assert "'hologram'" in messages
-    assert "'phase'" in messages
-    assert "not a journal record" in messages
+    [warning] = caught
+    assert why in str(warning.message)
+
+
+def test_a_run_start_of_the_wrong_schema_type_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    with JournalWriter(path) as journal:
+        journal.write(PhaseStarted("fill", 1.0))
+    record = {
+        "type": "run_started", "run_id": "r", "target": "t", "model": "m", "api": "chat",
+        "limits": {"pool_tokens": 1, "context_tokens": 2, "page_size": 16, "source": "flags"},
+        "tenants": [], "seed": 1, "canary_key_id": "k", "schema": "2",
+    }  # fmt: skip
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    with pytest.warns(JournalWarning, match="schema: expected int, got a string"):
+        assert list(read_journal(path)) == [PhaseStarted("fill", 1.0)]
 
 
 def test_rotation_names_segments_and_reads_them_in_order(tmp_path: Path) -> None:

@@ -71,3 +71,15 @@ async def sse_finish(send: Send, usage: dict[str, int], finish_reason: str = "le
     await sse_event(send, {"choices": [{"index": 0, "text": "", "finish_reason": finish_reason}]})
     await sse_event(send, {"choices": [], "usage": usage})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+async def answer(send: Send, request: dict[str, Any], usage: dict[str, int], text: str) -> None:
+    """A completion of `text` with `usage`: one JSON body when the request did not ask to
+    stream (the calibration requests), else one SSE event and the end of the stream."""
+    if not request.get("stream", True):
+        choice = {"index": 0, "text": text, "finish_reason": "length"}
+        await json_response(send, 200, {"choices": [choice], "usage": usage})
+        return
+    await sse_start(send)
+    await sse_event(send, {"choices": [{"index": 0, "text": text, "finish_reason": None}]})
+    await sse_finish(send, usage)

@@ -155,3 +155,6 @@ def test_an_error_inside_a_200_is_its_own_finding(tmp_path: Path) -> None:
     assert summary["counts"]["findings"]["error_in_success"] >= 1
     observations = [r for r in rows if r["type"] == "observation" and r["status"] == 200]
     assert any(o["error_kind"] == "error_in_success" for o in observations)
+    for name in ("report.html", "report.md", "junit.xml", "summary.json"):  # every output
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "UNSAFE" in (tmp_path / "report.md").read_text().splitlines()[0]

@@ -367,6 +367,21 @@ def test_sigterm_while_the_reports_are_written_says_how_to_render_them(tmp_path:
     assert rendered or unrendered, (proc.returncode, stderr)
 
 
+def test_a_sigterm_while_the_process_shuts_down_keeps_its_exit_status(tmp_path: Path) -> None:
+    """Once the status is decided, a SIGTERM that lands while the interpreter shuts down
+    (seconds on a loaded machine, after the reports were written) must not turn it into
+    "killed by SIGTERM" (143): the window the test above hits only by chance."""
+    late_sigterm = (
+        "import atexit, os, runpy, signal; "
+        "atexit.register(os.kill, os.getpid(), signal.SIGTERM); "  # during the shutdown
+        "runpy.run_module('kvcanary', run_name='__main__')"
+    )
+    argv = [sys.executable, "-c", late_sigterm, "report", str(tmp_path / "missing")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=EXIT_WAIT_S)
+    assert proc.returncode == 2, proc.stderr  # the usage error's status, not -SIGTERM
+    assert "is not a directory" in proc.stderr
+
+
 def test_a_killed_run_loses_at_most_the_requests_in_flight(tmp_path: Path) -> None:
     with (
         serve(fake_target(delay_s=0.02)) as url,
@@ -500,17 +515,24 @@ def test_a_credential_the_target_echoes_back_is_never_written_or_printed(
 def test_a_target_that_hangs_is_seen_dead_by_its_health_route(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Requests that time out say nothing about health (a long prefill is not a dead
-    target); the target's own `/health` answering 503 does."""
+    """Requests that time out say nothing about health by themselves (a long prefill is not
+    a dead target), nor does a failing `/health` (llama.cpp's stalls under load); requests
+    that time out while `/health` answers 503 do: they stopped completing."""
     out = tmp_path / "run"
     argv = ["run", *LIMIT_FLAGS, "--requests", "16", "--concurrency", "2", "--timeout", "3s"]
     with serve(fake_target(hang_after=8)) as url:
         status = main([*argv, "--target", url, "--out", str(out)])
     printed = capsys.readouterr()
     assert status == 3, printed
-    assert "the target stopped serving: its health route failed (last: GET /health: HTTP 503)" in (
+    assert "the target's health route failed 2 polls in a row (GET /health: HTTP 503)" in (
         printed.err
     )
+    assert (
+        "the target stopped serving: 5 requests in a row failed or timed out while its "
+        "health route failed too"
+    ) in printed.err
+    (recorded,) = of_type(records(out), "health_route_failed")
+    assert recorded["last_error"] == "GET /health: HTTP 503"
     (unhealthy,) = of_type(records(out), "target_unhealthy")
     assert unhealthy["source"] == "health"
     summary = json.loads((out / "summary.json").read_text())

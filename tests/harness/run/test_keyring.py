@@ -29,6 +29,7 @@ from test_cli_run import fake_target, of_type, records
 
 from kvcanary.canaries import CanaryMinter
 from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.packing import unpack_spans
 from kvcanary.harness.cli import main
 from kvcanary.harness.run.keyring import EarlierRuns, KeyEntry, Keyring
 
@@ -113,7 +114,7 @@ def test_run_b_names_run_a_and_its_tenant_for_a_canary_a_minted(
     assert stat.S_IMODE(keyring.stat().st_mode) == 0o600
     run_a = records(tmp_path / "a")
     plan = of_type(run_a, "plan")[3]
-    canary = plan["canaries"][0]["text"]
+    canary = unpack_spans(plan["canary_spans"])[0].text  # journaled packed
     with serve(replaying_target(canary)) as url:
         assert main(["run", "--target", url, *common, "--out", str(tmp_path / "b")]) == 1
     capsys.readouterr()

@@ -129,9 +129,10 @@ def gated_target(num_open: int, gate: threading.Event) -> Any:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         nonlocal num_posts
-        if scope["method"] == "POST":
+        if scope["method"] == "POST" and scope["path"].endswith("/completions"):
             num_posts += 1
-            while num_posts > num_open + 1 and not gate.is_set():  # +1: the calibration
+            # +2: the calibration's two lengths
+            while num_posts > num_open + 2 and not gate.is_set():
                 await _sleep()
         await inner(scope, receive, send)
 

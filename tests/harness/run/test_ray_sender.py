@@ -216,3 +216,32 @@ def test_an_address_nothing_answers_at_is_one_line(capsys: pytest.CaptureFixture
     assert status == 2
     assert "--ray 127.0.0.1:9: nothing answers at 127.0.0.1:9" in printed.err
     assert "Traceback" not in printed.err
+
+
+def test_an_address_that_is_no_ray_is_refused_before_anything_is_written_or_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A web server where Ray should be (a dashboard's port, a typo): refused in one line
+    before the journal exists and before the target sees a request, so the same --out can
+    be used again."""
+    num_requests = 0
+    inner = fake_target()
+
+    async def counting(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal num_requests
+        num_requests += 1
+        await inner(scope, receive, send)
+
+    out = tmp_path / "run"
+    with serve(counting) as url, serve(fake_target()) as not_ray:
+        address = not_ray.removeprefix("http://")
+        argv = ["run", *LIMIT_FLAGS, "--ray", address, "--target", url, "--out", str(out)]
+        status = main(argv)
+    printed = capsys.readouterr()
+    assert status == 2
+    assert f"--ray {address}: {address} answers as a web server (HTTP/1), not as Ray" in (
+        printed.err
+    )
+    assert "Traceback" not in printed.err
+    assert not (out / "journal.jsonl").exists()
+    assert num_requests == 0

@@ -21,7 +21,7 @@ from kvcanary.harness.run.config import (
 )
 from kvcanary.harness.run.option_flags import add_to_parser, given_values
 from kvcanary.harness.run.option_values import format_duration, parse_duration
-from kvcanary.harness.run.options import OPTIONS, PLUGIN_PREFIX, options_for
+from kvcanary.harness.run.options import OPTIONS, OPTIONS_BY_NAME, PLUGIN_PREFIX, options_for
 
 
 @pytest.mark.parametrize(
@@ -247,6 +247,14 @@ def test_soak_table_applies_to_soak_only(tmp_path: Path) -> None:
     assert run.concurrency == 4
 
 
+def test_a_soak_reads_a_shared_run_table_without_its_run_only_keys(tmp_path: Path) -> None:
+    # one file for both commands: `requests` bounds `run`; a soak is bounded by its duration
+    path = _write(tmp_path, '[run]\nrequests = 40\ntenants = 3\n[soak]\nduration = "1h"\n')
+    soak = resolve("soak", {}, path)
+    assert (soak.tenants, soak.duration, soak.requests) == (3, 3600, None)
+    assert resolve("run", {}, path).requests == 40
+
+
 def test_precedence_is_defaults_then_file_then_scenario_then_flags(tmp_path: Path) -> None:
     path = _write(tmp_path, "[run]\ntenants = 3\nseed = 1\nmodel = 'file'\nrequests = 9\n")
     scenario = Layer("scenario s.toml", {"seed": 2, "model": "scenario", "duration": 30.0})
@@ -293,19 +301,41 @@ def test_other_invariants() -> None:
     assert record["command"] == "run"
 
 
-def test_the_readme_documents_every_option_as_each_scope_spells_it() -> None:
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    for scope in ("run", "soak", "audit", "repro"):
-        for option in options_for(scope):
-            assert f"`{option.cli_flag}" in readme, (scope, option.cli_flag)
-    for option in options_for("plugin"):
-        for flag in (option.plugin_flag, *(PLUGIN_PREFIX + alias for alias in option.aliases)):
-            assert f"`{flag}" in readme, flag
-
-
 def test_the_profile_help_names_every_profile() -> None:
     from kvcanary.tenants.workload import profile_names
 
     help_text = next(o.help for o in OPTIONS if o.name == "profile")
     for name in profile_names():
         assert name in help_text
+
+
+def test_the_registrys_bounds_are_the_ones_the_code_has() -> None:
+    """Written out in `option_values` (the plugin imports the registry at start-up, without
+    numpy), so checked here against where each comes from."""
+    from kvcanary.canaries.mint import NUM_REQUESTS, NUM_TENANTS
+    from kvcanary.harness.run.option_values import MAX_REQUESTS, MAX_TENANTS
+    from kvcanary.harness.target.health_route import HEALTH_TIMEOUT_S
+
+    assert (MAX_TENANTS, MAX_REQUESTS) == (NUM_TENANTS, NUM_REQUESTS)
+    assert OPTIONS_BY_NAME["health_timeout"].default == HEALTH_TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--rate", "1e-300", "expected a number from 0.001 to 100000"),
+        ("--tenants", "100000000000", "expected a whole number from 1 to 256"),
+        ("--concurrency", "5000", "expected a whole number from 1 to 4,096"),
+        ("--seed", "1" * 40, "expected an integer >= 0"),
+        ("--target", "http://user:hunter2pw@host", "carries credentials"),
+        ("--target", "http://127.0.0.1:99999", "a port of 1-65535"),
+        ("--health-timeout", "0s", "a duration must be positive"),
+    ],
+)
+def test_flag_values_past_their_bounds_are_refused_while_parsed(
+    flag: str, value: str, message: str
+) -> None:
+    option = OPTIONS_BY_NAME[flag.removeprefix("--").replace("-", "_")]
+    with pytest.raises(ValueError, match=message) as refused:
+        option.coerce(value)
+    assert "hunter2pw" not in str(refused.value)

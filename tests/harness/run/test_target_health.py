@@ -14,6 +14,7 @@ from kvcanary.harness.detectors.protocol import ProtocolDetector
 from kvcanary.harness.detectors.timing import TimingDetector
 from kvcanary.harness.record.events import (
     Event,
+    HealthRouteFailed,
     Limits,
     ObservationRecorded,
     TargetServing,
@@ -188,25 +189,45 @@ async def test_a_target_whose_worker_dies_mid_run_is_declared_unhealthy() -> Non
     assert before.observation.request_id == "t0-r000010"
 
 
-def test_a_failing_health_route_declares_the_target_unhealthy_and_a_passing_one_ends_it() -> None:
+def test_a_failing_health_route_is_recorded_once_and_declares_nothing_by_itself() -> None:
+    """llama.cpp's /health stalls while its slots compute: a route failing while requests
+    are answered is recorded, never a reason to call the target down."""
     tracker = HealthTracker(threshold=5)
     assert tracker.observe_health("GET /health: HTTP 503", 1.0, 1.0) == []  # not served yet
     assert tracker.observe_health("GET /health: HTTP 503", 2.0, 2.0) == []
     tracker.observe(obs(0, 200), 3.0)
     assert tracker.observe_health("GET /health: HTTP 503", 4.0, 4.1) == []  # one is a blip
     assert tracker.observe_health(None, 5.0, 5.1) == []
-    assert tracker.observe_health("GET /health: HTTP 503", 6.0, 6.1) == []
-    (declared,) = tracker.observe_health("GET /health: HTTP 503", 8.0, 8.1)
-    assert declared == TargetUnhealthy(
+    assert tracker.observe_health("GET /health: no answer within 10 s", 6.0, 6.1) == []
+    tracker.observe(obs(1, 200), 7.0)
+    (recorded,) = tracker.observe_health("GET /health: no answer within 10 s", 8.0, 8.1)
+    assert recorded == HealthRouteFailed(
         t_wall=8.1,
         since_t_wall=6.0,
-        num_failed=0,
-        num_served_before=1,
-        first_request_id="",
-        last_error="GET /health: HTTP 503",
-        source="health",
+        num_polls=2,
+        last_error="GET /health: no answer within 10 s",
+        num_served_since=1,
     )
-    assert tracker.observe_health("GET /health: HTTP 503", 10.0, 10.1) == []  # declared once
-    assert tracker.observe(obs(1, None, "timeout"), 11.0) == []  # neutral either way
-    assert tracker.observe_health(None, 12.0, 12.1) == [TargetServing(t_wall=12.1, num_failed=0)]
+    for t in (10.0, 12.0, 14.0):  # recorded once per run of failed polls
+        assert tracker.observe_health("GET /health: HTTP 503", t, t + 0.1) == []
+    for number in range(2, 12):  # requests keep being answered: nothing is declared
+        assert tracker.observe(obs(number, 200), 15.0) == []
     assert not tracker.unhealthy
+    assert tracker.declared is None
+    assert from_record(to_record(recorded)) == recorded
+
+
+def test_timeouts_while_the_health_route_fails_are_requests_that_stopped_completing() -> None:
+    tracker = HealthTracker(threshold=3)
+    tracker.observe(obs(0, 200), 1.0)
+    assert tracker.observe(obs(1, None, "timeout"), 2.0) == []  # alone: a long prefill
+    tracker.observe_health("GET /health: no answer within 10 s", 3.0, 3.1)
+    assert tracker.observe(obs(2, None, "timeout"), 4.0) == []
+    assert tracker.observe(obs(3, None, "timeout"), 5.0) == []
+    (declared,) = tracker.observe(obs(4, 503, "http_status"), 6.0)
+    assert (declared.source, declared.num_failed, declared.first_request_id) == ("health", 3, "r2")
+    assert tracker.observe(obs(5, 200), 7.0) == [TargetServing(t_wall=7.0, num_failed=3)]
+    # a passing poll: timeouts are neutral again
+    tracker.observe_health(None, 8.0, 8.1)
+    for number in range(6, 12):
+        assert tracker.observe(obs(number, None, "timeout"), 9.0) == []

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from misbehaving_server import serve
 
+from kvcanary.canaries import load_tokenizer
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.cli import main
 from kvcanary.harness.record.finding import FindingKind
@@ -336,3 +342,99 @@ def test_repro_refuses_an_out_that_holds_a_run(
     (out / "journal.jsonl").write_text("")
     assert main(["repro", "hardened-control", "--target", hardened_url, "--out", str(out)]) == 2
     assert "already holds a run" in capsys.readouterr().err
+
+
+BUSY = """\
+name = "busy"
+description = "many small victims at once: an event loop that is always running a task"
+[limits]
+pool_tokens = 384
+context_tokens = 768
+page_size = 16
+[client]
+model = "m"
+tokenizer = "cl100k_base"
+[tenants]
+count = 2
+[[steps]]
+kind = "victims"
+sizes = ["0.25*limit"]
+count = 20000
+concurrency = 16
+max_tokens = 4
+[expect]
+outcome = "clean"
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_repro_with_its_verdict_and_no_task_traceback(tmp_path: Path) -> None:
+    """SIGTERM while a busy loop is running tasks: a KeyboardInterrupt raised inside one
+    of them ended it with an exception nobody retrieved ("Task exception was never
+    retrieved", 60-80 lines of traceback at exit). Now the run is cancelled where it awaits:
+    exit 3, the verdict block, and nothing else."""
+    scenario = tmp_path / "busy.toml"
+    scenario.write_text(BUSY)
+    with serve(counting_target()) as url:
+        for attempt in range(3):
+            out = tmp_path / f"out{attempt}"
+            argv = [sys.executable, "-m", "kvcanary", "repro", str(scenario)]
+            argv += ["--target", url, "--out", str(out)]
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                _wait_for_observations(out, 40 + 40 * attempt, proc)
+                proc.send_signal(signal.SIGTERM)
+                printed, errors = proc.communicate(timeout=180)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+            assert proc.returncode == 3, errors
+            assert "Traceback" not in errors, errors
+            assert "never retrieved" not in errors, errors
+            assert "verdict: INCONCLUSIVE - the run ended early (interrupted)" in printed
+            assert records(out)[-1]["type"] == "run_finished"
+
+
+def counting_target() -> Any:
+    """A safe target that answers at once, counting prompts in cl100k_base as the run does."""
+    tokenizer = load_tokenizer("cl100k_base")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] != "POST":
+            await _respond(send, 404, b"application/json", b'{"error": "not found"}')
+            return
+        request = json.loads(body)
+        usage = {"prompt_tokens": len(tokenizer.encode(request["prompt"])), "completion_tokens": 1}
+        choice = {"index": 0, "text": " x", "finish_reason": "length"}
+        if not request.get("stream"):
+            answer = json.dumps({"choices": [choice], "usage": usage}).encode()
+            await _respond(send, 200, b"application/json", answer)
+            return
+        events = [{"choices": [choice]}, {"choices": [], "usage": usage}]
+        data = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        await _respond(send, 200, b"text/event-stream", data + b"data: [DONE]\n\n")
+
+    return app
+
+
+async def _respond(send: Any, status: int, content_type: bytes, body: bytes) -> None:
+    headers = [(b"content-type", content_type)]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _wait_for_observations(out: Path, num: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        journal = out / "journal.jsonl"
+        if journal.exists() and journal.read_text().count('"type":"observation"') >= num:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the repro ended, or observed fewer than {num} requests in 120 s")

@@ -1,5 +1,6 @@
 """Scenario files: the shipped ones load, malformed ones fail on one line naming file:line and
-field, parameters substitute with their types, and `kvcanary scenarios` lists what ships."""
+field (every problem of a file at once, in file order), parameters substitute with their
+types, and `kvcanary scenarios` lists what ships."""
 
 from __future__ import annotations
 
@@ -330,3 +331,58 @@ def test_scenarios_lists_every_shipped_scenario(capsys: pytest.CaptureFixture[st
     assert rows["patched-control"] == "clean"
     assert rows["glm53-incident"] == "leak"
     assert "params: pool_tokens=discover context_tokens=discover" in out
+
+
+# -- every problem at once, in file order ----------------------------------------------
+
+MISTAKES = (
+    replaced('name = "example"', 'name = "Example"')
+    .replace("count = 3", 'count = "three"')
+    .replace('sizes = ["pool+1"]', 'sizes = ["pool+", "limit*"]')
+    .replace('outcome = "leak"', 'outcome = "maybe"')
+)
+
+
+def test_every_problem_of_a_file_is_reported_at_once_in_file_order() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_scenario(MISTAKES, "bad.toml")
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "bad.toml: 5 problems"
+    expected = [
+        (line_of(MISTAKES, 'name = "Example"'), "name: 'Example': use lowercase"),
+        (line_of(MISTAKES, 'count = "three"'), "steps[1].count: expected an integer"),
+        (line_of(MISTAKES, '"pool+", "limit*"'), "steps[3].sizes[1]: size expression 'pool+'"),
+        (line_of(MISTAKES, '"pool+", "limit*"'), "steps[3].sizes[2]: size expression 'limit*'"),
+        (line_of(MISTAKES, 'outcome = "maybe"'), "expect.outcome: 'maybe': expected"),
+    ]
+    assert len(lines) == 1 + len(expected)
+    for text, (line, start) in zip(lines[1:], expected, strict=True):
+        assert text.startswith(f"bad.toml:{line}: {start}"), text
+
+
+@pytest.mark.parametrize(
+    ("text", "only"),
+    [
+        # a wrong [tenants] table: the steps naming its tenants are not blamed too
+        (replaced('names = ["alice", "bob"]', 'names = ["alice"]'), "tenants: a cross-tenant"),
+        # a parameter declared wrongly: the places that use it are not blamed too
+        (replaced('victim_size = "0.5*limit"', "victim_size = []"), "params.victim_size: a def"),
+    ],
+)
+def test_a_problem_is_reported_once_not_again_where_it_is_used(text: str, only: str) -> None:
+    message = error_of(text)
+    assert message.split(": ", 1)[1].startswith(only), message
+
+
+def test_repro_prints_every_problem_of_a_file_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(MISTAKES)
+    assert main(["repro", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"kvcanary: error: {path}: 5 problems"
+    assert [line.split(": ")[1] for line in err[1:]] == [
+        "name", "steps[1].count", "steps[3].sizes[1]", "steps[3].sizes[2]", "expect.outcome"
+    ]  # fmt: skip
+    assert not (tmp_path / "out").exists()

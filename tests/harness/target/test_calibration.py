@@ -5,6 +5,7 @@ server that prepends a BOS token is not a mismatch; one that reports usage 1 for
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 from recorded_targets import Handler, RecordedTarget, Reply, Seen, mock_client
@@ -14,9 +15,16 @@ from kvcanary.canaries.errors import ConfigError
 from kvcanary.harness.detectors.protocol import ProtocolDetector
 from kvcanary.harness.record.events import Limits
 from kvcanary.harness.record.finding import FindingKind
-from kvcanary.harness.target.calibration import CALIBRATION_TEXT, measure_prompt_token_offset
+from kvcanary.harness.target.calibration import (
+    CALIBRATION_TEXT,
+    Calibrator,
+    PromptTokenOffset,
+    TokenizerMismatch,
+    calibrate,
+    measure_prompt_token_offset,
+)
 from kvcanary.harness.target.client import TargetClient
-from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.plan import ApiStyle, RequestPlan
 from kvcanary.tenants.tenant import Tenant
 
 BASE = "http://target"
@@ -144,3 +152,101 @@ async def test_an_unusable_calibration_is_one_line(handler: Handler, message: st
                 http, BASE, "m", "completions", WordTokenizer(), TENANT
             )
     assert "\n" not in str(caught.value)
+
+
+def usage_of(count: Callable[[int], int]) -> Handler:
+    """A completions route reporting `count(words)` prompt tokens; 400 past 2000 words."""
+
+    def answer(seen: Seen) -> Reply:
+        body = json.loads(seen.body)
+        text = body["prompt"] if "prompt" in body else body["messages"][0]["content"]
+        num_words = len(text.split())
+        if num_words > 2000:
+            return 400, "application/json", b'{"error": {"message": "too long"}}'
+        reply = {
+            "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": count(num_words), "completion_tokens": 1},
+        }
+        return 200, "application/json", json.dumps(reply).encode()
+
+    return answer
+
+
+async def calibrated(
+    handler: Handler, *, api: ApiStyle = "completions", limit_tokens: int = 8192
+) -> tuple[PromptTokenOffset | None, list[str], list[Seen]]:
+    target = RecordedTarget({f"POST /v1/{'chat/' if api == 'chat' else ''}completions": handler})
+    notes: list[str] = []
+    async with mock_client({"target": target}) as http:
+        requests = Calibrator(http, BASE, "m", api, WordTokenizer(), TENANT, 0)
+        result = await calibrate(requests, limit_tokens=limit_tokens, note=notes.append)
+    return result, notes, target.seen
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+async def test_a_constant_offset_is_confirmed_at_two_lengths_and_corrected(api: ApiStyle) -> None:
+    """A chat template or a BOS adds the same tokens to every prompt: corrected."""
+    result, notes, seen = await calibrated(usage_of(lambda words: words + 6), api=api)
+    assert result is not None
+    assert result.offset == 6
+    assert len(seen) == 2
+    assert result.longer is not None
+    counted, reported = result.longer
+    assert reported - counted == 6
+    assert counted > 10 * result.num_counted  # a few hundred tokens against some twenty
+    (note,) = notes
+    assert note.startswith(f"calibration: {api}: the server counts +6 token(s) on every prompt")
+    assert f"{reported} for {counted}" in note
+    assert result.to_dict()["longer"] == (counted, reported)
+
+
+async def test_a_count_that_grows_differently_with_length_stops_the_run_in_one_line() -> None:
+    """vLLM counted with the model's tokenizer, kvcanary with cl100k_base: "30 for 24"
+    looked like a constant +6, and every answer then read as a prompt_tokens_mismatch."""
+    with pytest.raises(TokenizerMismatch) as caught:
+        await calibrated(usage_of(lambda words: words * 5 // 4 + 1))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "--tokenizer PATH/tokenizer.json" in message
+    assert "counts prompts differently from --tokenizer words" in message
+    assert "the difference changes with the length" in message
+    assert isinstance(caught.value, ConfigError)  # exit 2, a configuration error
+
+
+async def test_a_longer_prompt_that_cannot_be_sent_leaves_one_length() -> None:
+    result, notes, _ = await calibrated(usage_of(lambda words: words + 1), limit_tokens=100)
+    assert result is not None
+    assert (result.offset, result.longer) == (1, None)
+    assert "one length only: a limit of 100 tokens leaves no room" in notes[0]
+
+    def refusing_above(num_bytes: int) -> Handler:
+        def answer(seen: Seen) -> Reply:
+            if len(seen.body) > num_bytes:
+                return 400, "application/json", b'{"error": {"message": "too long"}}'
+            return usage_of(lambda words: words + 1)(seen)
+
+        return answer
+
+    # refused: halved until it fits (a wrong tokenizer undercounts the limit)
+    result, notes, seen = await calibrated(refusing_above(1000))
+    assert result is not None
+    assert result.longer is not None
+    assert len(seen) > 2
+    # refused at every length past the short one
+    result, notes, _ = await calibrated(refusing_above(300))
+    assert result is not None
+    assert (result.offset, result.longer) == (1, None)
+    assert "(one length only: calibration request to http://target" in notes[0]
+
+
+async def test_a_large_offset_seen_at_one_length_only_is_not_corrected() -> None:
+    result, notes, _ = await calibrated(usage_of(lambda words: words + 40), limit_tokens=100)
+    assert result is None
+    assert "more than 16 tokens is no tokenizer convention" in notes[0]
+
+
+async def test_an_unanswered_calibration_applies_no_offset() -> None:
+    result, notes, _ = await calibrated(lambda seen: (503, "text/plain", b"busy"))
+    assert result is None
+    assert notes[0].startswith("calibration: not measured (calibration request to ")
+    assert "answered HTTP 503" in notes[0]

@@ -14,7 +14,6 @@ import asyncio
 import json
 import socket
 import struct
-import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import fault_server
 import httpx
 import misbehaving_server
 import pytest
+from raw_listener import raw_listener
 from word_tokenizer import WordTokenizer
 
 from kvcanary.canaries.errors import ConfigError
@@ -218,28 +218,14 @@ async def test_cancelling_discovery_stops_it_at_once(url: str, backend: Backend)
 @pytest.fixture
 def resetting_url() -> Iterator[str]:
     """A listener that resets every connection as soon as it is accepted (no HTTP at all)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            conn.recv(65536)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()  # linger 0: a reset, not a clean close
+    def reset(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # linger 0: a reset, not a clean close
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-        listener.close()
+    with raw_listener(reset) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 async def test_a_reset_before_the_response_head_is_an_observation(

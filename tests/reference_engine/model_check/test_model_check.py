@@ -1,8 +1,9 @@
 """The PD handoff model (reference_engine/model_check): spin finds the placeholder (#30233) and
 the mid-transfer abort (#35049) counterexamples in the vulnerable model, each fix closes what
-it should, all fixes leave none within the bound, and the table in README.md is this one.
+it should, all fixes leave none within the bound, and the table in docs/how-to/verify.md is
+this one.
 
-Needs Debian's `spin` and gcc (README.md, "Model-checking the PD handoff: kvcanary verify").
+Needs Debian's `spin` and gcc (docs/how-to/verify.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.skipif(
     reason="model checking needs spin and gcc on PATH (apt-get install spin gcc)",
 )
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+VERIFY_PAGE = Path(__file__).resolve().parents[3] / "docs" / "how-to" / "verify.md"
 
 EXPECTED = {  # row: (#30233 placeholder, #35049 mid-transfer abort)
     "vulnerable": ("leak", "leak"),
@@ -56,7 +57,7 @@ def test_each_fix_closes_what_it_should_and_all_fixes_leave_nothing(table: list[
 
 def test_the_readme_shows_this_table(table: list[Row]) -> None:
     lines = runner.format_table(table)
-    readme = README.read_text()
+    readme = VERIFY_PAGE.read_text()
     assert "\n".join(f"  {line}" for line in lines) in readme  # as `kvcanary verify` prints it
     assert runner.bound_text() in readme
 

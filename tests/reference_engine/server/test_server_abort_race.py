@@ -36,13 +36,21 @@ from kvcanary.tenants.workload import PROFILES
 MINTER = CanaryMinter(b"kvcanary-abort-race-tests-key-00")
 PAGE_BYTES = 2 * 2 * 16 * 1 * 32 * 4
 """One page of the tiny model: layers x (K, V) x page size x KV heads x head dim x float32."""
+PAGE_FLIGHT_S = 0.005
+"""The link's time per page (the `race` preset's): A's 63-page write is in flight ~0.32 s,
+B's 2 pages 10 ms. The race needs A's write to land after B's own and before B's answer ends:
+B's write is posted 30-120 ms after A's (measured, idle to a load of 14 on 2 cores), and B's
+960 tokens take ~0.6 s on an idle core (0.63 ms a token) and 2-5 s on a loaded one. A write in
+flight for longer than B's whole answer (0.75 s, as this link once was) lands after B has
+finished on an idle machine, and B's answer is its own: the race is then never run."""
+A_FLIGHT_S = 63 * PAGE_FLIGHT_S
 RACE = {
     "context_length": 1024,
     "prefill_pool_tokens": 2048,
     "decode_pool_tokens": 1024,  # 64 pages: A's 63 leave one free, so B's 2 force the merge
     "prefill_chunk_tokens": 1024,  # A's whole prompt in one step, so in one write
     "transfer_chunk_pages": 64,
-    "transfer_bandwidth_bytes_per_s": PAGE_BYTES / 0.012,  # A's 63 pages ~0.75 s, B's 2 24 ms
+    "transfer_bandwidth_bytes_per_s": PAGE_BYTES / PAGE_FLIGHT_S,
     "copy_noise": 0.0,  # exact quotes: B's answer names whose pages it read
     "dtype": "float32",  # flight times are sized from float32 pages
     **TINY_MODEL,
@@ -174,7 +182,8 @@ async def test_the_abort_race_over_http_with_each_fix_alone(fix: str) -> None:
         measured = "leak" if canaries_in(text, a) else "clean"
         if measured == "clean":
             assert canaries_in(text, prompt(2, 32)) > 0  # B's answer is its own
-    assert measured == MATRIX[fix]
+    window = f"B answered in {r.elapsed.total_seconds():.2f} s, A's write flew {A_FLIGHT_S:.2f} s"
+    assert measured == MATRIX[fix], window
     cell = readme_matrix_cell(fix, "abort")
     assert cell.startswith(measured), (fix, cell)
 

@@ -23,7 +23,7 @@ def test_help_explains_every_preset_and_fix(capsys: pytest.CaptureFixture[str]) 
     for ref in ("#30233", "#38935", "#38704", "#39500", "#35049"):
         assert ref in text
     switches = ("--processes", "--allow-remote", "--prefill-pool-tokens", "--context-length")
-    for switch in (*switches, "--copy-noise", "--dtype"):
+    for switch in (*switches, "--copy-noise", "--dtype", "--attention", "KVCANARY_ATTENTION"):
         assert switch in text
 
 
@@ -50,7 +50,7 @@ def test_an_invalid_pool_is_a_one_line_error(capsys: pytest.CaptureFixture[str])
 
 def test_the_command_module_imports_no_server_or_torch() -> None:
     code = (
-        "import sys, reference_engine.server.command as c; "
+        "import sys, kvcanary.reference_engine.server.command as c; "
         "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -70,6 +70,11 @@ def test_serve_prints_its_url_answers_and_exits_0_on_ctrl_c(processes: bool) -> 
         line = proc.stdout.readline()
         assert line.startswith("kvcanary serve: listening on http://127.0.0.1:"), line
         url = line.split()[4]
+        attention = proc.stdout.readline()
+        assert attention == (
+            "kvcanary serve: attention: torch paged path (device cpu; the Triton kernel is used "
+            "on CUDA)\n"
+        )
         assert httpx.get(f"{url}/health", timeout=30).status_code == 200
         models = httpx.get(f"{url}/v1/models", timeout=30).json()
         assert models["data"][0]["max_model_len"] == 256
@@ -91,11 +96,14 @@ def test_serve_prints_its_url_answers_and_exits_0_on_ctrl_c(processes: bool) -> 
         (["--copy-noise", "nan"], "--copy-noise"),
         (["--copy-noise", "lots"], "--copy-noise"),
         (["--dtype", "float64"], "--dtype"),
+        (["--attention", "flash"], "--attention"),
+        (["--attention", "triton"], "attention=triton"),  # on CPU, without the interpreter
     ],
 )
-def test_a_bad_copy_noise_or_dtype_is_a_one_line_error(
-    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+def test_a_bad_copy_noise_dtype_or_attention_is_a_one_line_error(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1

@@ -3,6 +3,7 @@ started by the tests on a free loopback port and stopped after them."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -39,6 +40,23 @@ def bpe_server(
     model = tiny_models["bpe"]
     with _serving(model, tmp_path_factory.mktemp("llamacpp-log") / "server.log") as url:
         yield LlamaServer(url, model)
+
+
+@pytest.fixture
+def cpu_burner_per_core() -> Iterator[int]:
+    """One process spinning `while True` per core while the test runs (a busy machine:
+    llama.cpp's slots then compute slowly and its `/health` stalls); yields how many."""
+    num_cores = os.cpu_count() or 1
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(num_cores)
+    ]
+    try:
+        yield num_cores
+    finally:
+        for burner in burners:
+            burner.kill()
+        for burner in burners:
+            burner.wait()
 
 
 class _serving:

@@ -211,3 +211,46 @@ def test_the_cache_probe_finds_llamacpps_prompt_cache_shared_across_tenants(
     rows = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in rows if r["type"] == "finding"}
     assert kinds == {"shared_prefix_cache"}
+
+
+@pytest.mark.slow
+def test_without_tokenizer_a_run_on_a_busy_machine_counts_with_llamacpps_own_and_is_clean(
+    bpe_server: LlamaServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    cpu_burner_per_core: int,
+) -> None:
+    """No --tokenizer: the server's tokenize route counts, said once; a CPU burner per core
+    slows every slot (and llama.cpp's `/health` with them): still every request answered,
+    so clean, never "the target stopped serving"."""
+    out = tmp_path / "run"
+    argv = ["run", "--target", bpe_server.url, "--page-size", "80", "--requests", "40"]
+    argv += ["--concurrency", "2", "--seed", "6", "--out", str(out)]
+    status = main(argv)
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-2000:]
+    assert printed.out.startswith("verdict: CLEAN")
+    [said] = [line for line in printed.err.splitlines() if "tokenizer: " in line]
+    assert f"tokenizer: the target's own, {bpe_server.url}/tokenize (llamacpp)" in said
+    assert "stopped serving" not in printed.err
+    assert "calibration: completions: the server counts +1 token(s) on every prompt" in (
+        printed.err
+    )
+    rows = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if r["type"] in ("target_unhealthy", "finding")]
+
+
+def test_a_tokenizer_that_is_not_the_models_is_exit_2_naming_tokenizer(
+    bpe_server: LlamaServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """cl100k_base against the tiny model's own BPE: its counts drift with the length, which
+    no offset corrects. One line, exit 2, and not one finding."""
+    out = tmp_path / "run"
+    argv = ["run", "--target", bpe_server.url, "--tokenizer", "cl100k_base"]
+    status = main([*argv, "--requests", "8", "--out", str(out)])
+    printed = capsys.readouterr()
+    assert status == 2, printed.err[-2000:]
+    [line] = [line for line in printed.err.splitlines() if line.startswith("kvcanary: ")]
+    assert "--tokenizer PATH/tokenizer.json" in line
+    assert "Traceback" not in printed.err
+    assert not (out / "journal.jsonl").exists()

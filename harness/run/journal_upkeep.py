@@ -1,0 +1,62 @@
+"""A soak's journal upkeep: at every rotation, the resume checkpoint, the closed segment
+compressed, and the retention (`--keep-journal AGE|SIZE`).
+
+The state a resume needs (`harness.run.resume_state`) is folded from every event the soak
+journals, starting from what its journal held when it started; when the writer closes a
+segment, that state is the fold through the closed segment exactly, and is saved as the
+checkpoint. Then, in a worker thread: the closed segment is scanned for findings (a
+segment with one is never deleted), gzipped (`harness.record.segments`), and the retention
+deletes the closed segments it allows, oldest first. A night's soak therefore resumes in
+about the time it takes to read one segment, and its disk holds what the retention keeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from kvcanary.harness.record.events import Event
+from kvcanary.harness.record.journal import closed_segments
+from kvcanary.harness.record.segments import compress_segment, holds_a_finding, prune
+from kvcanary.harness.run.option_values import retention_limits
+from kvcanary.harness.run.resume_state import ResumeState, checkpointed_segment, save_checkpoint
+
+_NUMBER = re.compile(r"\.(\d+)\.")
+
+
+class JournalUpkeep:
+    """The upkeep of one soak session's journal (feed it every event journaled)."""
+
+    def __init__(self, out_dir: Path, retention: str | None) -> None:
+        self.out_dir = out_dir
+        self.state = ResumeState.load(out_dir)  # what the journal holds so far
+        self._max_age_s, self._max_bytes = retention_limits(retention)
+        self._findings: dict[int, bool] = {}
+
+    def feed(self, event: Event) -> None:
+        self.state.feed(event)
+
+    async def closed(self, segment: Path) -> list[Path]:
+        """After the writer closed `segment`: checkpoint, compress, prune; what it deleted."""
+        number = int(_NUMBER.findall(segment.name)[-1])
+        snapshot = ResumeState.from_dict(self.state.to_dict())  # the fold through `segment`
+        return await asyncio.to_thread(self._after_rotation, segment, number, snapshot)
+
+    def _after_rotation(self, segment: Path, number: int, state: ResumeState) -> list[Path]:
+        save_checkpoint(self.out_dir, number, state)
+        self._findings[number] = holds_a_finding(segment)
+        compress_segment(segment)
+        if self._max_age_s is None and self._max_bytes is None:
+            return []
+        covered = checkpointed_segment(self.out_dir)
+
+        def keep(candidate: int, path: Path) -> bool:
+            if candidate > covered:
+                return True
+            if candidate not in self._findings:  # closed by an earlier session
+                self._findings[candidate] = holds_a_finding(path)
+            return self._findings[candidate]
+
+        closed = closed_segments(self.out_dir)
+        return prune(closed, max_age_s=self._max_age_s, max_bytes=self._max_bytes, keep=keep)
