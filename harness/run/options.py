@@ -1,13 +1,10 @@
 """The option registry: every setting of every command and of the pytest plugin, as data.
 
 `kvcanary run` / `soak` / `audit` / `repro`, the config file's `[run]` / `[soak]` tables and
-the pytest plugin take their options from `OPTIONS`: spelling, type, default and help exist
-once. The plugin's options are `kvcanary run`'s with the `--kvcanary-` prefix, plus `suite`.
-An option that reads differently in one scope (the audit's timeout, the plugin's
-`--kvcanary-engine` alias) has a `Variant` here, not a second definition.
-
-It knows no precedence (`harness.run.config`), no argparse (`harness.run.option_flags`) and
-no value syntax (`harness.run.option_values`).
+the pytest plugin (`--kvcanary-` + `kvcanary run`'s, plus `suite`) take their options from
+`OPTIONS`: spelling, type, default and help exist once; a scope that reads an option
+differently has a `Variant`, not a second definition. It knows no precedence
+(`harness.run.config`), no argparse (`option_flags`) and no value syntax (`option_values`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ def test_a_prompts_canaries_round_trip_in_about_fourteen_characters_each(
     packed = pack_spans(prompt.canaries)
     assert packed.isascii()
     assert not set(packed) & set('"\\ ')  # nothing JSON escapes
+    assert packed == packed.lower()  # never a mixed-case run, which reads like a credential
     assert unpack_spans(packed) == prompt.canaries
     assert len(packed) <= 16 + 15 * len(prompt.canaries)
 

@@ -61,6 +61,7 @@ def test_the_home_page_lists_every_command(expanded: dict[str, str]) -> None:
 def test_every_plugin_option_and_ini_key_appears(
     pytester: pytest.Pytester, expanded: dict[str, str]
 ) -> None:
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     help_text = pytester.runpytest("--help").stdout.str()
     flags = set(re.findall(r"^\s+(--kvcanary-[a-z-]+)", help_text, re.MULTILINE))
     keys = set(re.findall(r"^\s+(kvcanary_[a-z_]+) \(", help_text, re.MULTILINE))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from kvcanary.harness.record.events import (
     RunStarted,
 )
 from kvcanary.harness.record.journal import JournalWriter, closed_segments, read_journal
+from kvcanary.harness.run import journal_upkeep
 from kvcanary.harness.run.journal_upkeep import JournalUpkeep
 from kvcanary.harness.run.option_values import parse_retention, retention_limits
 from kvcanary.harness.run.resume_state import CHECKPOINT_NAME, ResumeState
@@ -55,7 +58,10 @@ def full_fold(run_dir: Path) -> ResumeState:
     return state
 
 
-def test_the_checkpoint_resumes_as_reading_every_segment_would(tmp_path: Path) -> None:
+def test_the_checkpoint_resumes_as_reading_every_segment_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_upkeep, "COMPRESS_AFTER_S", -1.0)  # gzip every closed one
     soak_session(tmp_path, 0, 25, 1000.0, rotate_every=10)
     soak_session(tmp_path, 25, 17, 5000.0, rotate_every=10)
     assert [p.name for _, p in closed_segments(tmp_path)] == [
@@ -96,8 +102,23 @@ def test_retention_keeps_the_start_and_segments_with_findings(tmp_path: Path) ->
             deleted += asyncio.run(upkeep.closed(journal.rotate()))
     left = [n for n, _ in closed_segments(tmp_path)]
     assert left == [1, 4, 8]  # the start, the finding, the newest
-    assert sorted(p.name for p in deleted) == [f"journal.000{n}.jsonl.gz" for n in (2, 3, 5, 6, 7)]
+    assert sorted(p.name for p in deleted) == [f"journal.000{n}.jsonl" for n in (2, 3, 5, 6, 7)]
     assert ResumeState.load(tmp_path).num_plans == 8  # the checkpoint covers what is gone
+
+
+def test_closed_segments_stay_plain_until_they_are_old(tmp_path: Path) -> None:
+    soak_session(tmp_path, 0, 20, 1000.0, rotate_every=10)
+    first = tmp_path / "journal.0001.jsonl"
+    assert first.exists()  # a fresh one stays plain, for tail and grep
+    old = time.time() - journal_upkeep.COMPRESS_AFTER_S - 60
+    os.utime(first, (old, old))
+    soak_session(tmp_path, 20, 10, 2000.0, rotate_every=10)
+    assert [p.name for _, p in closed_segments(tmp_path)] == [
+        "journal.0001.jsonl.gz",
+        "journal.0002.jsonl",
+        "journal.0003.jsonl",
+    ]
+    assert ResumeState.load(tmp_path).num_plans == 30
 
 
 def test_retention_values() -> None:
