@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcanary.canaries.errors import CanaryError
+from kvcanary.canaries.records import field_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +47,12 @@ class PageGuarantee:
 
     def to_dict(self) -> dict[str, Any]:
         """What the journal and summary.json record."""
-        return {
-            "page_size": self.page_size,
-            "canary_tokens": self.canary_tokens,
-            "guaranteed_window": self.window,
-            "per_page": self.per_page,
-            "guarantee": self.sentence(),
-        }
+        return field_record(
+            self,
+            renamed={"window": "guaranteed_window"},
+            per_page=self.per_page,
+            guarantee=self.sentence(),
+        )
 
 
 def page_guarantee(canary_tokens: int, page_size: int, *, strict: bool = False) -> PageGuarantee:

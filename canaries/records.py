@@ -13,16 +13,23 @@ The compiled core (`canaries/_columns.c`, `from_columns`) does the same in one C
 through the same protocols (`canaries/_records.h`, which the scanner's core also uses for
 the hits it makes); without it (no C compiler at install), C-level map loops do it here.
 Either way the instances equal `cls(*row)`.
+
+The other way, `field_record` turns one instance into the dict the journal and summary.json
+record: its fields by name, with the few renames and derived values each class declares.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import islice, repeat
 from types import MemberDescriptorType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 FromColumns = Callable[..., tuple[Any, ...]]
@@ -81,3 +88,14 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def field_record(
+    instance: DataclassInstance, *, renamed: Mapping[str, str] | None = None, **values: Any
+) -> dict[str, Any]:
+    """`instance`'s fields in declaration order, each under its `renamed` key where it has
+    one; a value in `values` under a field's key replaces that field's value in place (a
+    rounding), the others (derived values) follow the fields. Values are not copied."""
+    renamed = renamed or {}
+    fields = dataclasses.fields(instance)
+    return {renamed.get(f.name, f.name): getattr(instance, f.name) for f in fields} | values

@@ -35,6 +35,7 @@ from kvcanary.reference_engine.interfaces import (
     GenerateRequest,
     HeadOut,
     KVPoll,
+    SideEvent,
     TokenOut,
     TransferBackend,
     TransferMetadata,
@@ -46,7 +47,6 @@ from kvcanary.reference_engine.side_base import SideBase
 from kvcanary.reference_engine.tokenizer import Detokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
-Event = HeadOut | TokenOut | FinishOut
 HEAD_AFTER_COMMIT = frozenset({"admission_retire", "coverage_check", "kv_checksum", "page_tags"})
 """Switches whose commit can refuse a request that decode took on (prefill's rejection, a
 coverage, checksum or tag mismatch): with any on, a stream's head waits for the commit."""
@@ -82,7 +82,7 @@ class DecodeServer(SideBase):
         self.allocator = self.scheduler.allocator
         self.limits = self.scheduler.limits
         self._live: dict[str, Req] = {}
-        self._outputs: dict[str, asyncio.Queue[Event]] = {}
+        self._outputs: dict[str, asyncio.Queue[SideEvent]] = {}
         self._detokenizers: dict[str, Detokenizer] = {}
         self._num_emitted: dict[str, int] = {}
         self._status_tasks: dict[str, asyncio.Task[None]] = {}
@@ -93,13 +93,13 @@ class DecodeServer(SideBase):
 
     # ---- DecodeSide -----------------------------------------------------------------------
 
-    async def generate(self, req: GenerateRequest) -> AsyncGenerator[Event, None]:
+    async def generate(self, req: GenerateRequest) -> AsyncGenerator[SideEvent, None]:
         r = self.admit(req, self._live, self.scheduler.add)
         if r.finished is not None:
             await self.transfer.cancel_receiver(r.room)  # prefill stops waiting for metadata
             yield r.finished
             return
-        outputs: asyncio.Queue[Event] = asyncio.Queue()
+        outputs: asyncio.Queue[SideEvent] = asyncio.Queue()
         self._live[r.rid], self._outputs[r.rid] = r, outputs
         self._detokenizers[r.rid], self._num_emitted[r.rid] = Detokenizer.of(self.tokenizer), 0
         self.wake()

@@ -29,17 +29,13 @@ from kvcanary.reference_engine.interfaces import KVPoll
 from kvcanary.reference_engine.invariants import InvariantViolation
 from kvcanary.reference_engine.page_tags import PageTags
 from kvcanary.reference_engine.sequence import Req
-from kvcanary.reference_engine.side_base import SchedulerBase
+from kvcanary.reference_engine.side_base import SchedulerBase, ZeroPages
 
 Checksum = Callable[[Sequence[int]], int]
 
 
 class DecodeScheduler(SchedulerBase):
-    def __init__(
-        self,
-        config: EngineConfig,
-        zero_pages: Callable[[Sequence[int]], None] | None = None,
-    ) -> None:
+    def __init__(self, config: EngineConfig, zero_pages: ZeroPages | None = None) -> None:
         super().__init__(config, config.decode_pool_tokens, zero_pages)
         self.tags = PageTags(self.num_pages)
         self.prealloc_queue: deque[Req] = deque()

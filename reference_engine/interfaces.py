@@ -75,6 +75,11 @@ class FinishOut:
     error: dict[str, Any] | None = None
 
 
+SideEvent = HeadOut | TokenOut | FinishOut
+"""What a side answers with: decode yields at most one HeadOut, tokens, then one FinishOut;
+prefill answers with one FinishOut."""
+
+
 class Side(Protocol):
     """What both servers share: a background scheduler loop, introspection and metrics."""
 
@@ -110,12 +115,16 @@ class PrefillSide(Side, Protocol):
 class DecodeSide(Side, Protocol):
     """The decode server: preallocates, receives KV, decodes; its answer reaches the client."""
 
-    def generate(self, req: GenerateRequest) -> AsyncIterator[HeadOut | TokenOut | FinishOut]:
+    def generate(self, req: GenerateRequest) -> AsyncIterator[SideEvent]:
         """Yield at most one HeadOut, then tokens, then exactly one FinishOut. A FinishOut
         first means no token was made."""
         ...
 
     async def abort(self, rid: str) -> None: ...
+
+
+AnySide = PrefillSide | DecodeSide
+"""The side one server runs (its `Role` says which)."""
 
 
 @dataclass(frozen=True, slots=True)

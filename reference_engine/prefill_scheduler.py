@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
 
 from kvcanary.reference_engine import finish
 from kvcanary.reference_engine.config import EngineConfig
@@ -41,7 +40,7 @@ from kvcanary.reference_engine.finish import FinishAbort
 from kvcanary.reference_engine.interfaces import KVPoll, TransferMetadata
 from kvcanary.reference_engine.prefix_cache import CacheNode, PrefixCache
 from kvcanary.reference_engine.sequence import Req
-from kvcanary.reference_engine.side_base import SchedulerBase
+from kvcanary.reference_engine.side_base import SchedulerBase, ZeroPages
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +49,7 @@ CACHE_OWNER = "prefix-cache"
 
 
 class PrefillScheduler(SchedulerBase):
-    def __init__(
-        self,
-        config: EngineConfig,
-        zero_pages: Callable[[Sequence[int]], None] | None = None,
-    ) -> None:
+    def __init__(self, config: EngineConfig, zero_pages: ZeroPages | None = None) -> None:
         super().__init__(config, config.prefill_pool_tokens, zero_pages)
         self.bootstrap_queue: dict[str, Req] = {}
         self.waiting_queue: deque[Req] = deque()

@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 PAGE_CHECK_EVERY_STEPS = 64
 """How often a busy loop checks its page bookkeeping (an idle one checks each time)."""
 
+ZeroPages = Callable[[Sequence[int]], None]
+"""The model runner's page zeroing, called with the ids of freed pages (`zero_on_free`)."""
+
 _COUNTERS = (
     "prompt_tokens_total",
     "generation_tokens_total",
@@ -52,10 +55,7 @@ class SchedulerBase:
     before freed pages go back to the pool when the `zero_on_free` fix is on."""
 
     def __init__(
-        self,
-        config: EngineConfig,
-        pool_tokens: int,
-        zero_pages: Callable[[Sequence[int]], None] | None = None,
+        self, config: EngineConfig, pool_tokens: int, zero_pages: ZeroPages | None = None
     ) -> None:
         self.config = config
         self.page_size = config.page_size

@@ -37,9 +37,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvcanary.canaries import BuiltPrompt, CanaryError, CanaryMinter, Tokenizer, build_prompt
+from kvcanary.canaries import BuiltPrompt, CanaryError, CanaryMinter, Tokenizer
 from kvcanary.canaries.alphabet import alphabet_for
 from kvcanary.canaries.errors import ConfigError
+from kvcanary.canaries.prompt import PromptRequest, PromptSettings, batch_settings, build_prompts
 from kvcanary.harness.cache_probe.stats import DEFAULT_ALPHA
 from kvcanary.harness.record.events import Limits
 from kvcanary.tenants.plan import ApiStyle, RequestPlan
@@ -281,20 +282,22 @@ class _PromptBuilder:
         # a canary every 64 tokens, or as densely as canaries this long allow (a coarse
         # vocabulary's are longer: `canaries.guarantee`); freshness needs only the first
         self.lacing_page = max(_LACING_PAGE, 2 * minter.num_tokens(tokenizer) - 1)
+        self._prompt_settings: PromptSettings | None = None
+        """Checked at the first piece, then shared by all (as the planner's are)."""
 
     def _piece(self, tenant_index: int, num_tokens: int) -> BuiltPrompt:
-        request = self.next_request
+        wanted = [PromptRequest(tenant_index, self.next_request, num_tokens)]
         self.next_request += 1
         try:
-            return build_prompt(
-                self.tokenizer,
-                self.minter,
-                tenant=tenant_index,
-                request=request,
-                num_tokens=num_tokens,
-                page_size=self.lacing_page,
-                seed=self.settings.seed,
-            )
+            if self._prompt_settings is None:
+                self._prompt_settings = batch_settings(
+                    self.tokenizer,
+                    self.minter,
+                    page_size=self.lacing_page,
+                    filler="prose",
+                    seed=self.settings.seed,
+                )
+            return build_prompts(self.tokenizer, self.minter, wanted, self._prompt_settings)[0]
         except CanaryError as exc:
             raise ConfigError(f"cannot build a cache-probe prompt: {exc}") from None
 

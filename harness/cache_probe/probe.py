@@ -21,7 +21,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from kvcanary.canaries import CanaryMinter, Tokenizer
 from kvcanary.canaries.redact import redact_quote
@@ -58,9 +58,9 @@ from kvcanary.harness.record.events import (
     ProbeFinished,
 )
 from kvcanary.harness.record.finding import Finding
-from kvcanary.harness.record.observation import Observation, TextSink
+from kvcanary.harness.record.observation import Observation
 from kvcanary.harness.record.verdict import Verdict
-from kvcanary.tenants.plan import RequestPlan
+from kvcanary.harness.target.client import TargetClient
 from kvcanary.tenants.tenant import Tenant
 
 __all__ = [
@@ -71,7 +71,6 @@ __all__ = [
     "CacheProbe",
     "CacheProbeResult",
     "Design",
-    "ProbeSender",
     "ProbeSettings",
     "Send",
     "Trial",
@@ -82,19 +81,6 @@ __all__ = [
     "settings_for",
     "shares_credentials",
 ]
-
-
-class ProbeSender(Protocol):
-    """Sends one plan and reports what was seen (`harness.target.client.TargetClient`)."""
-
-    async def send(
-        self,
-        plan: RequestPlan,
-        tenant: Tenant,
-        *,
-        t_scheduled_ns: int,
-        on_text: TextSink | None = None,
-    ) -> Observation: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +136,7 @@ class CacheProbe:
 
     def __init__(
         self,
-        sender: ProbeSender,
+        sender: TargetClient,
         design: Design,
         *,
         emit: Callable[[Event], None] | None = None,
@@ -328,7 +314,7 @@ def _shared_pages(design: Design) -> int:
 
 
 async def run_cache_probe(
-    sender: ProbeSender,
+    sender: TargetClient,
     tenants: Sequence[Tenant],
     tokenizer: Tokenizer,
     settings: ProbeSettings | None = None,

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from kvcanary.canaries.records import field_record
+
 REPORTED_HIT_FRACTION = 0.5
 """A witnessed hit exceeds the miss arm's count by at least this share of the shared prefix."""
 
@@ -46,15 +48,7 @@ class GroundTruth:
         return self.num_reported_hits * 2 > self.num_reporting
 
     def to_details(self) -> dict[str, Any]:
-        return {
-            "num_trials": self.num_trials,
-            "num_reporting": self.num_reporting,
-            "num_reported_hits": self.num_reported_hits,
-            "threshold_tokens": self.threshold_tokens,
-            "median": self.median_count,
-            "control_median": self.control_median,
-            "says_hit": self.says_hit,
-        }
+        return field_record(self, renamed={"median_count": "median"}, says_hit=self.says_hit)
 
 
 def reported_truth(

@@ -39,6 +39,7 @@ from kvcanary.canaries import CanaryError, CanaryMinter
 from kvcanary.canaries.alphabet import make_alphabet
 from kvcanary.canaries.errors import ConfigError
 from kvcanary.canaries.mint import seed_key
+from kvcanary.canaries.records import field_record
 from kvcanary.tenants.planner import request_id
 
 KEYRING_SCHEMA = 1
@@ -77,15 +78,9 @@ class KeyEntry:
         return CanaryMinter(self.key, num_words=self.num_words, alphabet=alphabet)
 
     def to_record(self) -> dict[str, Any]:
-        return {
-            "key": self.key.hex(),
-            "run_id": self.run_id,
-            "t_wall": self.t_wall,
-            "num_words": self.num_words,
-            "tenants": list(self.tenants),
-            "alphabet": list(self.alphabet),
-            "word_tokens": self.word_tokens,
-        }
+        return field_record(
+            self, key=self.key.hex(), tenants=list(self.tenants), alphabet=list(self.alphabet)
+        )
 
     @classmethod
     def from_record(cls, record: Any) -> KeyEntry:
@@ -184,13 +179,7 @@ class EarlierCanary:
         return f"{whose} from run {self.run_id} (request {self.request_id}), {_age(self.age_s)}"
 
     def to_record(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "key_id": self.key_id,
-            "tenant": self.tenant,
-            "request_id": self.request_id,
-            "age_s": round(self.age_s, 1),
-        }
+        return field_record(self, age_s=round(self.age_s, 1))
 
 
 class EarlierRuns:

@@ -15,7 +15,6 @@ from kvcanary.harness.cache_probe.counters import CounterSource
 from kvcanary.harness.cache_probe.probe import (
     CacheProbe,
     CacheProbeResult,
-    ProbeSender,
     ProbeSettings,
     design_trials,
     probe_tenants,
@@ -23,11 +22,12 @@ from kvcanary.harness.cache_probe.probe import (
 )
 from kvcanary.harness.record.events import Event
 from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.target.client import TargetClient
 from kvcanary.tenants.tenant import Tenant
 
 
 async def run_probe_phase(
-    client: ProbeSender,
+    client: TargetClient,
     tenants: Sequence[Tenant],
     tokenizer: Tokenizer,
     settings: ProbeSettings,

@@ -25,12 +25,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from kvcanary.reference_engine.interfaces import (
-    DecodeSide,
-    GenerateRequest,
-    PrefillSide,
-    TransferBackend,
-)
+from kvcanary.reference_engine.interfaces import AnySide, GenerateRequest, TransferBackend
 from kvcanary.reference_engine.server.asgi_transport import StreamingASGITransport
 from kvcanary.reference_engine.server.errors import error_body, install_error_handlers
 from kvcanary.reference_engine.server.generation import Role
@@ -95,7 +90,7 @@ def side_state(ctx: SideContext) -> dict[str, Any]:
 
 
 def build_side_app(
-    side: PrefillSide | DecodeSide,
+    side: AnySide,
     role: Role,
     config: ServedConfig,
     *,

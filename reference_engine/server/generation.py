@@ -20,16 +20,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, Literal, TypeVar, cast
 
 from kvcanary.reference_engine.interfaces import (
+    AnySide,
     DecodeSide,
     FinishOut,
     GenerateRequest,
-    HeadOut,
     PrefillSide,
-    TokenOut,
+    SideEvent,
 )
 
 Role = Literal["prefill", "decode"]
-Event = HeadOut | TokenOut | FinishOut
 T = TypeVar("T")
 
 
@@ -37,14 +36,12 @@ class ClientGone(Exception):
     """The client disconnected while the handler was waiting."""
 
 
-def side_events(
-    side: PrefillSide | DecodeSide, role: Role, req: GenerateRequest
-) -> AsyncIterator[Event]:
+def side_events(side: AnySide, role: Role, req: GenerateRequest) -> AsyncIterator[SideEvent]:
     """The side's answer as events: prefill's single FinishOut, or decode's stream."""
     if role == "decode":
         return cast(DecodeSide, side).generate(req)
 
-    async def prefill_answer() -> AsyncIterator[Event]:
+    async def prefill_answer() -> AsyncIterator[SideEvent]:
         yield await cast(PrefillSide, side).generate(req)
 
     return prefill_answer()
@@ -53,17 +50,17 @@ def side_events(
 class Generation:
     """`side.generate(req)` running in a task; events are read with `next_event()`."""
 
-    def __init__(self, side: PrefillSide | DecodeSide, role: Role, req: GenerateRequest) -> None:
+    def __init__(self, side: AnySide, role: Role, req: GenerateRequest) -> None:
         self.side = side
         self.req = req
         self.finished = False
         self._aborted = False
-        self._events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self._events: asyncio.Queue[SideEvent | BaseException] = asyncio.Queue()
         self._pump = asyncio.create_task(
             self._run(side_events(side, role, req)), name=f"generate-{role}-{req.rid}"
         )
 
-    async def _run(self, events: AsyncIterator[Event]) -> None:
+    async def _run(self, events: AsyncIterator[SideEvent]) -> None:
         try:
             async with contextlib.aclosing(events):  # type: ignore[type-var]
                 async for event in events:
@@ -71,7 +68,7 @@ class Generation:
         except Exception as exc:  # handed to the reader, who owns the response
             self._events.put_nowait(exc)
 
-    async def next_event(self) -> Event:
+    async def next_event(self) -> SideEvent:
         """The next token or the finish; raises what the side raised."""
         assert not self.finished, "read past the FinishOut"
         item = await self._events.get()

@@ -32,11 +32,10 @@ from starlette.responses import Response
 
 from kvcanary.reference_engine.finish import CLIENT_CLOSED
 from kvcanary.reference_engine.interfaces import (
-    DecodeSide,
+    AnySide,
     FinishOut,
     GenerateRequest,
     HeadOut,
-    PrefillSide,
     TokenOut,
 )
 from kvcanary.reference_engine.server.errors import error_body, error_response
@@ -74,7 +73,7 @@ class ServedConfig(Protocol):
 class SideContext:
     """Everything one side app's handlers share."""
 
-    side: PrefillSide | DecodeSide
+    side: AnySide
     role: Role
     config: ServedConfig
     tokenizer: Tokenizer

@@ -26,7 +26,13 @@ def test_long_canaries_get_the_densest_window_and_say_so() -> None:
         "every 91-token window holds a complete canary; pages of 16 tokens are not "
         "individually attributable"
     )
-    assert guarantee.to_dict()["guaranteed_window"] == 91
+    assert list(guarantee.to_dict().items()) == [  # the journal's and summary.json's order
+        ("page_size", 16),
+        ("canary_tokens", 46),
+        ("guaranteed_window", 91),
+        ("per_page", False),
+        ("guarantee", guarantee.sentence()),
+    ]
     with pytest.raises(CanaryError, match=r"46 tokens.*at least 91"):
         page_guarantee(46, 16, strict=True)
     with pytest.raises(CanaryError, match="positive"):
