@@ -3,13 +3,14 @@
 Starts `benchmarks/instant_server.py`, then `kvcanary soak` in a child process (closed loop
 at `--concurrency`, `--max-requests N` ends it cleanly, the journal rotated every
 `--rotate-every`, the report re-rendered every `--report-every` in a child of its own), and
-samples, twice a second, the soak's resident memory (RSS) and that of its render children.
+samples, twice a second, the soak's resident memory (RSS) and that of its render children
+(every render, the final one included, runs in a child process: `harness.run.rendering`).
 Closed segments are gzipped once 10 minutes old (`harness.run.journal_upkeep`); after the
 soak the benchmark gzips the rest, for the disk a long soak settles at.
 
 Reported: RSS at each tenth of the soak and after warm-up (the flatness: the largest RSS
 from half to nine tenths of the soak against the RSS at a quarter; the last tenth holds the
-final render, which a soak runs in its own process), the render children's peak, the
+final render's wait), the soak's own peak, the render children's peak, the
 journal's bytes per request (as written, and with closed segments gzipped), how long the
 journal work of a resume takes from the checkpoint against reading every segment, and the
 final `kvcanary report`'s time and peak RSS.
@@ -155,7 +156,7 @@ def markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     samples = result["samples"]
     at = [samples[min(len(samples) - 1, len(samples) * i // 10)][1] for i in range(1, 11)]
     quarter = samples[len(samples) // 4][1]
-    # the soak's final render runs in its own process, at the end: the last tenth
+    # flatness over the middle: the first quarter warms up, the last tenth ends the soak
     second_half = max(rss for _, rss in samples[len(samples) // 2 : len(samples) * 9 // 10])
     d = result["disk"]
     lines = [

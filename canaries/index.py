@@ -109,6 +109,7 @@ class CanaryIndex:
         )
         """The shortest fragment accepted anywhere (at the start of a response)."""
         self._peak_live = 0  # the most canaries live at once: the V of the near zone
+        self._elsewhere = 0  # live in the run's other indexes (`live_elsewhere`)
         self._live: dict[str, Owner] = {}
         # k words -> the canary they open, or (canary, word offset) when they start later
         self._fragments: dict[str, str | tuple[str, int]] = {}
@@ -151,7 +152,7 @@ class CanaryIndex:
             live.update(zip(texts, owners, strict=True))  # the common case: new ones, with room
         else:
             self._add_one_by_one(texts, owners)
-        self._peak_live = max(self._peak_live, len(live))
+        self._peak_live = max(self._peak_live, len(live) + self._elsewhere)
         if self.fragment_words is None:
             return
         fragments, width = self._fragments, self._kgram_width
@@ -161,6 +162,13 @@ class CanaryIndex:
         for offset, start in enumerate(later, 1):
             keys = [canary[start : start + width] for canary in texts]
             fragments.update(zip(keys, zip(texts, repeat(offset)), strict=True))  # (canary, offset)
+
+    def live_elsewhere(self, num_live: int) -> None:
+        """Count `num_live` canaries live in the run's other indexes (a `--ray` run's other
+        actors, `canaries.elsewhere`) toward the fragment rule's V, so the near zone is what
+        one index of them all would allow."""
+        self._elsewhere = num_live
+        self._peak_live = max(self._peak_live, len(self._live) + num_live)
 
     def _add_one_by_one(self, texts: list[str], owners: list[Owner]) -> None:
         live, resolved, limit = self._live, self._resolved, self.max_live

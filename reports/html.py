@@ -23,6 +23,7 @@ from markupsafe import Markup, escape
 
 from kvcanary.canaries.shape import CANARY_PATTERN
 from kvcanary.harness.record.outputs import Summary
+from kvcanary.harness.record.verdict import Verdict
 from kvcanary.reports.checks import check_states
 from kvcanary.reports.findings import MAX_LISTED_FINDINGS, FindingView
 from kvcanary.reports.frames import RunFrames
@@ -158,7 +159,7 @@ def render_html(
 ) -> str:
     """The page. `plots` maps a plot name to what was drawn (None: nothing to draw)."""
     environment = _environment()
-    environment.globals.update(clock=clock, cell_style=cell_style)
+    environment.globals.update(clock=clock, cell_style=cell_style, Verdict=Verdict)
     environment.globals.update(
         code_spans=code_spans, splice_sentence=splice_sentence, remedy_list=remedy_list
     )

@@ -246,11 +246,26 @@ class Planner:
             built = [self._build(d.spec, d.tenant_index, d.request, n) for d, n in sized]
         return [self._plan(draw, prompt) for draw, prompt in zip(draws, built, strict=True)]
 
+    def sketch(self, draw: PlanDraw) -> RequestPlan:
+        """The plan of `draw` but its prompt and canaries: what a run that builds its
+        prompts elsewhere (`--ray`: the actors, `harness.run.ray_actor`) draws."""
+        return self._planned(draw, "", ())
+
+    @property
+    def limits(self) -> LimitsLike:
+        """The limits the workload is sized against."""
+        return self._limits
+
     def _plan(self, draw: PlanDraw, built: BuiltPrompt) -> RequestPlan:
-        spec, intent = draw.spec, draw.intent
         prompt, canaries = built.text, built.canaries
         if self.api == "chat":
             prompt, canaries = self._chat_prompt(draw, built)
+        return self._planned(draw, prompt, canaries)
+
+    def _planned(
+        self, draw: PlanDraw, prompt: str, canaries: tuple[CanarySpan, ...]
+    ) -> RequestPlan:
+        spec, intent = draw.spec, draw.intent
         return RequestPlan(
             request_id=request_id(draw.tenant_index, draw.request),
             tenant=self.tenants[draw.tenant_index].name,
@@ -264,7 +279,7 @@ class Planner:
             canaries=canaries,
             max_tokens=self.profile.max_tokens(intent),
             disconnect_after_chunks=self.profile.abort_after_chunks if intent == "abort" else None,
-            prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),
+            prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest() if prompt else "",
         )
 
     def _chat_prompt(

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from kvcanary.canaries.errors import ConfigError, KvcanaryError, RunIncomplete
 from kvcanary.harness.record.finding import Finding, FindingKind, Severity
 from kvcanary.harness.record.outputs import HTML_NAME, SUMMARY_NAME
+from kvcanary.harness.record.verdict import Verdict
 from kvcanary.harness.run.config import DEFAULT_CONCURRENCY, Layer, RunConfig, coerce_values, merge
 from kvcanary.harness.run.options import OPTIONS_BY_NAME, options_for
 
@@ -76,8 +77,8 @@ class WorkloadResult:
 
     label: str
     out_dir: Path
-    verdict: str
-    """`leak`, `unsafe`, `clean` or `inconclusive` (summary.json's verdict)."""
+    verdict: Verdict
+    """summary.json's verdict (a `str` enum: `result.verdict == "clean"` reads as it says)."""
     reasons: tuple[str, ...]
     summary: dict[str, Any]
     """summary.json as a dict."""
@@ -275,7 +276,7 @@ class TargetUnderTest:
         return path
 
 
-def read_result(out_dir: Path, *, label: str, verdict: str, ended: str) -> WorkloadResult:
+def read_result(out_dir: Path, *, label: str, verdict: Verdict, ended: str) -> WorkloadResult:
     """A finished run's findings, tables and summary, from its directory."""
     from kvcanary.harness.record.events import FindingRecorded, ProbeFinished
     from kvcanary.harness.record.journal import read_journal

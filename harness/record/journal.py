@@ -106,9 +106,10 @@ class JournalWriter:
 
     # -- public -------------------------------------------------------------------------
 
-    def write(self, event: Event) -> None:
-        """Append one event; it is in the kernel (and survives a process kill) on return."""
-        line = encode_event(event)
+    def write(self, event: Event, line: bytes | None = None) -> None:
+        """Append one event; it is in the kernel (and survives a process kill) on return.
+        `line`: the event already encoded (`encode_event`, in the process that saw it)."""
+        line = encode_event(event) if line is None else line
         with self._lock:
             fd = self._require_open()
             if (

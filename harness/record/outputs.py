@@ -6,6 +6,8 @@
     RUN/report.md       Markdown for a CI step summary
     RUN/junit.xml       JUnit results
     RUN/evidence/       one file per finding
+    RUN/NAME.stale      a soak's report set aside: the soak went on after it was written
+                        and its final render did not replace it
 
 Every writer and reader names these files through this module, so an output is named once.
 """
@@ -42,6 +44,8 @@ SUMMARY_NAME = REPORT_FILES[ReportFormat.JSON]
 HTML_NAME = REPORT_FILES[ReportFormat.HTML]
 MARKDOWN_NAME = REPORT_FILES[ReportFormat.MD]
 JUNIT_NAME = REPORT_FILES[ReportFormat.JUNIT]
+STALE_SUFFIX = ".stale"
+"""Appended to a soak's out-of-date report (`report.html.stale`)."""
 
 SUMMARY_SCHEMA = 1
 """`summary.json`'s `schema`: raised when a key changes meaning (keys are only ever added)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +34,7 @@ from kvcanary.harness.cache_probe.counters import MetricsCounters
 from kvcanary.harness.record.events import Limits
 from kvcanary.harness.run import wiring
 from kvcanary.harness.run.interrupts import Interrupted, cancel_on_signal
-from kvcanary.harness.run.keyring import EarlierRuns, Keyring
+from kvcanary.harness.run.keyring import EarlierRuns, Keyring, run_key
 from kvcanary.harness.run.out_dir import RunIdentity
 from kvcanary.harness.run.progress import ProgressDisplay
 from kvcanary.harness.run.run_journal import Journal
@@ -110,6 +110,8 @@ class Assembly:
     journal: Journal
     meter: SpendMeter | None = None
     """The cost guard's meter, where the entry point's check returned one."""
+    key: bytes = field(default=b"", repr=False)
+    """The run's canary key: the planner's minter's (`--ray` hands it to the actors)."""
 
     def cache_counters(self) -> MetricsCounters:
         """The target's prefix-cache counters, read as the first tenant (the cache probe)."""
@@ -168,7 +170,7 @@ async def assembled(
     ) as http:
         target = await _contact(bp, http, base_url, display)
         meter = vet(target.limits) if vet is not None else None
-        planner, calibration, guarantee = await _planner(bp, http, target, display)
+        planner, calibration, guarantee, key = await _planner(bp, http, target, display)
         detectors = wiring.detectors(
             planner.index,
             target.limits,
@@ -194,8 +196,9 @@ async def assembled(
             )
             display.note(f"journal: {journal.path}")
             yield Assembly(
-                bp, http, target, planner, calibration, guarantee, client, detectors, journal, meter
-            )
+                bp, http, target, planner, calibration, guarantee, client, detectors, journal,
+                meter, key,
+            )  # fmt: skip
         finally:
             journal.close()
 
@@ -219,9 +222,9 @@ async def _contact(
 
 async def _planner(
     bp: Blueprint, http: httpx.AsyncClient, target: wiring.Contact, display: ProgressDisplay
-) -> tuple[Planner, PromptTokenOffset | None, PageGuarantee]:
+) -> tuple[Planner, PromptTokenOffset | None, PageGuarantee, bytes]:
     """The tokenizer (the target's own where none was given), the calibration, the canary
-    alphabet and what the page size guarantees with it, the minter, the planner."""
+    alphabet and what the page size guarantees with it, the minter, the planner; the key."""
     tenants, identity = list(bp.tenants), bp.identity
     tokenizer, remote = await choose_tokenizer(
         http, target.base_url, target.model, tenants[0],
@@ -243,9 +246,10 @@ async def _planner(
     page_size = limits.page_size if bp.lace_every_page else guarantee.window
     if not guarantee.per_page and not bp.lace_every_page:
         display.note(f"canaries: {guarantee.sentence()}")
+    key = run_key(identity.seed, identity.run_id, seeded=bp.seeded)
     minter = wiring.canary_minter(
         identity.seed, identity.run_id, seeded=bp.seeded, keyring=bp.keyring,
-        tenants=tenants, alphabet=alphabet,
+        tenants=tenants, alphabet=alphabet, key=key,
     )  # fmt: skip
     planner = await asyncio.to_thread(  # may count tokens, which a server tokenizer needs
         Planner, tenants, bp.profile, tokenizer, minter, limits,
@@ -253,7 +257,7 @@ async def _planner(
         chat_overhead_tokens=num_chat_tokens, first_request=identity.next_request,
     )  # fmt: skip
     planner.index.owner_of = wiring.owner_of(tenants)
-    return planner, calibration, guarantee
+    return planner, calibration, guarantee, key
 
 
 def _earlier_runs(bp: Blueprint, planner: Planner, display: ProgressDisplay) -> EarlierRuns | None:

@@ -10,6 +10,7 @@ undetected, and only for plans thousands of requests old.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from kvcanary.canaries import Owner
 from kvcanary.harness.run.seams import CanaryRegistry
@@ -26,10 +27,20 @@ class LivePlans:
 
     def register(self, plan: RequestPlan) -> None:
         texts = tuple(canary.text for canary in plan.canaries)
+        self._make_room(len(texts))
+        owner = Owner(plan.tenant, plan.request_id)
+        self._index.add_many((text, owner) for text in texts)
+        self._plans.append(texts)
+
+    def keep_foreign(self, canaries: Sequence[tuple[str, Owner]]) -> None:
+        """Canaries live in another index of the run and not yet here (`canaries.elsewhere`:
+        a `--ray` run's other actors), kept as one more plan's, so they are forgotten in turn."""
+        self._make_room(len(canaries))
+        self._index.add_many(canaries)
+        self._plans.append(tuple(text for text, _ in canaries))
+
+    def _make_room(self, num_canaries: int) -> None:
         index = self._index
-        while self._plans and len(index) + len(texts) > index.max_live:
+        while self._plans and len(index) + num_canaries > index.max_live:
             for text in self._plans.popleft():
                 index.discard(text)
-        owner = Owner(plan.tenant, plan.request_id)
-        index.add_many((text, owner) for text in texts)
-        self._plans.append(texts)

@@ -129,6 +129,11 @@ class Workload:
             built.update(zip(map(id, mine), builder.build(mine), strict=True))
         return [built[id(d)] if isinstance(d, PlanDraw) else d for d in drawn]
 
+    def sketch(self, drawn: Sequence[Drawn]) -> list[RequestPlan]:
+        """The plans of `drawn` without their prompts (`Planner.sketch`); built ones as
+        they are."""
+        return [d.builder.sketch(d) if isinstance(d, PlanDraw) else d for d in drawn]
+
     def _draw(self, phase: Phase) -> Drawn | None:
         while True:
             weights = {i: w for i, w in phase.weights.items() if w > 0 and i in self._streams}

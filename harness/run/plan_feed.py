@@ -13,6 +13,9 @@ With a request budget the phases of a batch are those of the requests it holds, 
 are those one-at-a-time taking gives; with a duration the batch is drawn in the phase of the
 moment, and a plan taken after the phase changed is relabelled with the new phase. Plans
 drawn but never sent (the run stopped, the cost guard said no) are dropped unjournaled.
+
+With `sketch` (`--ray`, where the actors build the prompts) plans are only drawn: each is a
+sketch (`Planner.sketch`: everything but its prompt and canaries), which is cheap.
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ class PlanFeed:
         emit: Callable[[Event], None],
         elapsed_before_s: float = 0.0,
         admit: Callable[[RequestPlan], bool] | None = None,
+        sketch: bool = False,
     ) -> None:
         self._workload, self._budget, self._clock = workload, budget, clock
         self._emit = emit
         self._elapsed_before_s = elapsed_before_s
         self._admit = admit
         """The cost guard's meter: no to a plan ends the run (`refused` is then set)."""
+        self._sketch = sketch
         self._ready: deque[RequestPlan] = deque()
         self._lock = asyncio.Lock()
         self._phase: Phase | None = None
@@ -116,7 +121,9 @@ class PlanFeed:
                 break
             drawn += one
             num_tokens += _num_tokens(one[0])
-        if workload.builds_quickly(drawn):
+        if self._sketch:
+            self._ready.extend(workload.sketch(drawn))
+        elif workload.builds_quickly(drawn):
             self._ready.extend(workload.build(drawn))
         else:
             self._ready.extend(await asyncio.to_thread(workload.build, drawn))

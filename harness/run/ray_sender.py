@@ -1,40 +1,58 @@
-"""`--ray`: the tenants' requests sent from Ray actors, the rest of the run in the driver.
+"""`--ray`: each tenant's requests built, sent and scanned by its own Ray actor; the driver
+keeps the schedule, the journal and the verdict.
 
 What runs where:
 
-    driver   planner, canary minting, the live canary index, detectors, journal, pacing:
-             the same `Runner` as in one process, so the same seed gives the same plans in
-             the same order, and findings are attributed the same way
-    actors   one per tenant (`TenantWorker`), each with its own HTTP client and clock, on
-             whichever node Ray places it: it sends a plan and streams back every text delta
-             as it arrives, then the observation
+    driver   the schedule: which tenant sends what size when (the planner's draws, as
+             sketches: `Planner.sketch`), the pacing, the cost guard; the journal (the
+             lines the actors encoded, written as they come back); the timing and protocol
+             detectors and the target's health (a few microseconds a request); the verdict
+    actors   one per tenant (`harness.run.ray_actor.TenantWorker`), on whichever node Ray
+             places it, each with its own HTTP client, clock, planner and live index of its
+             tenant's canaries: it builds each plan's prompt (the same prompt the driver
+             would build: the same settings, seed and key), sends it, scans the response,
+             redacts it and encodes the plan's and the observation's journal lines
 
-The live index never leaves the driver. Canaries are minted and indexed in one place; a
-scanner needs every live canary of every tenant (10^5 of them), and keeping a copy in every
-actor in step with every request would cost more than what it saves: an actor streams back
-tens of tokens per request. So actors ship text, the driver scans it as it arrives, exactly
-as it scans a local stream.
+A canary found whole attributes itself with the run key, wherever it is found. A fragment
+(words of a canary without its tag) needs the live canaries, and another tenant's are in
+another actor: an actor asks the others about the runs of canary words its index cannot
+place and scans the response again with what they name (`canaries.elsewhere`), so the
+findings are those of one process (tested: the same seed against a deterministic target,
+with and without `--ray`, gives the same findings). The fragment rule's count of live
+canaries is the whole run's: the driver passes each actor the others' counts.
+
+Batching: a Ray call costs the driver hundreds of microseconds of CPU whatever it carries,
+so each actor's plans and answers travel in batches (`TenantWorker.exchange`): the plans
+drawn since the last call go with the next one, sent as soon as no call is out (after
+`GATHER_S`, so the plans replacing those just answered go together), or after
+`DISPATCH_WAIT_S` beside one; the answer carries every request done meanwhile. With many
+requests in flight the driver's CPU per request is under 100 µs (`benchmarks/bench_ray.py`);
+with one, a request costs a Ray call of its own.
 
 Clocks: an actor stamps its observation with its own `perf_counter_ns`, so TTFT and every
-other difference within one request is exact on the node that sent it. The driver then
-shifts the observation's timestamps onto its own clock, anchored at the scheduled time (what
-the actor received as "late by N ns"); the time a plan spends travelling to its actor is
-therefore not in `queue_ns`.
+other difference within one request is exact on the node that sent it; it shifts the
+timestamps onto the driver's clock by the offset between the two clocks when the plan
+reached it (`ray_kit.rebased`), so the time a plan travels to its actor is not in
+`queue_ns`, and the time it waited for its batch is.
 
-Failures: an actor that dies mid-request (its node lost, its process killed) ends that
-request as an observation with `error_kind="worker_lost"`; Ray restarts the actor
-(`MAX_RESTARTS`), so the tenant's later requests are sent by the new one. Ctrl-C cancels the
-remote calls along with the local tasks.
+Failures: an actor that dies mid-request (its node lost, its process killed) ends the
+requests it had in flight as observations with `error_kind="worker_lost"` (their plans
+built here, as they were there); Ray restarts the actor (`MAX_RESTARTS`), so the tenant's
+later requests are sent by the new one (which starts with an empty index: fragments of its
+predecessor's canaries go unseen, whole ones are still attributed). A plan that cannot be
+built, or any other error in an actor, ends the run as it would in one process. Ctrl-C's
+cancellations reach the actors with the next exchange.
 
-Credentials: the driver resolves a tenant's credential headers for each request and hands
-them to the actor as an argument of that call, which the actor uses for that request and
-keeps nowhere. Never through Ray's `runtime_env`: Ray writes a runtime env in clear into its
-own logs (`session_*/logs/runtime_env_agent.log`, readable by anyone on the node), and the
-cluster's nodes need not have the variables at all.
+Credentials and the run key: each exchange hands the actor the run's canary key, its
+tenant's credential headers (resolved here, for that call) and every tenant's credential
+values (scrubbed from what the target sends back) as one small argument of the call
+(`RunSecrets`), which the actor keeps in memory only. Never through Ray's `runtime_env`:
+Ray writes a runtime env in clear into its own logs (`session_*/logs/
+runtime_env_agent.log`, readable by anyone on the node), and the cluster's nodes need not
+have the variables at all. The actors are made with what is not secret (`ActorKit`).
 
-The cluster is connected (`ray_cluster`) before the run writes anything or sends a request:
-an address that does not answer as Ray is refused with one line, and nothing is left behind
-to stop the same `--out` from being used again.
+The cluster is connected (`harness.run.ray_cluster`) before the run writes anything or
+sends a request.
 """
 
 from __future__ import annotations
@@ -42,238 +60,299 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import socket
+import pickle
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvcanary.canaries.errors import ConfigError
-from kvcanary.harness.record.observation import Observation
-from kvcanary.harness.run.seams import unanswered
+from kvcanary.harness.run.ray_actor import Answer, Exchange, TenantWorker
+from kvcanary.harness.run.ray_cluster import import_ray
+from kvcanary.harness.run.ray_kit import (
+    ActorKit,
+    ClientSpec,
+    RunSecrets,
+    Sketch,
+    draw_of,
+    sketch_of,
+)
+from kvcanary.harness.run.seams import Executed, unanswered
+from kvcanary.harness.run.settle import journaled_form
 from kvcanary.tenants.plan import RequestPlan
+from kvcanary.tenants.planner import LOCAL_TOKENIZERS, Planner
 from kvcanary.tenants.tenant import Tenant
 
 if TYPE_CHECKING:
-    from kvcanary.harness.target.client import TargetClient
-    from kvcanary.harness.target.http_client import Backend
+    from kvcanary.harness.run.assembly import Assembly
 
-LOCAL = "local"
-"""`--ray` without an address: a Ray instance started here for the run (`ray.init()`)."""
 MAX_RESTARTS = 3
 """How often Ray brings a dead tenant actor back before its requests fail for good."""
 ACTOR_PREFIX = "kvcanary-"
 """Actors are named `kvcanary-<tenant>-<8 hex>` on the cluster, so an operator can find them."""
-_TEXT, _DONE = "text", "observation"
+DISPATCH_WAIT_S = 0.05
+"""How long newly drawn plans wait for the exchange out to come back before going in a
+second one beside it..."""
+DISPATCH_BATCH = 32
+"""...or until this many wait."""
+GATHER_S = 0.002
+"""How long newly drawn plans wait to go together when no exchange is out but requests are
+(the runner draws the plans replacing those an answer carried over a few turns of its loop)."""
+ANSWER_BATCH = 64
+"""An answer is due once three quarters of the requests out to the actor are done, up to
+this many (at ~1.5 KB a request, an answer under Ray's 100 KB for passing a value in the
+call itself). Fewer, larger answers: a Ray call costs the driver ~700 µs of CPU."""
+MAX_EXCHANGES = 3
+"""Exchanges out to one actor at a time, at most."""
+Waiting = tuple[RequestPlan, int, "asyncio.Future[Executed]"]
+"""A plan, its scheduled time (this process's clock) and the runner's future for it."""
 
 
-@dataclass(frozen=True, slots=True)
-class ClientSpec:
-    """What an actor needs to build its own target client (`harness.run.wiring`)."""
+@dataclass(slots=True, eq=False)
+class _Lane:
+    """One actor as the driver sees it: plans waiting to go, requests out, exchanges out."""
 
-    base_url: str
-    model: str
-    deadline_s: float
-    read_timeout_s: float
-    max_in_flight: int
-    backend: Backend = "aiohttp"  # http_client.DEFAULT_BACKEND; imported when the actor starts
-
-
-class TenantWorker:
-    """One tenant's sender on the cluster (a Ray actor): its own HTTP client and clock."""
-
-    def __init__(self, spec: ClientSpec) -> None:
-        self._spec = spec
-        self._client: TargetClient | None = None
-
-    def pid(self) -> int:
-        """The actor's process (tests kill it to lose a worker mid-run)."""
-        return os.getpid()
-
-    async def send(
-        self, plan: RequestPlan, tenant: Tenant, headers: Mapping[str, str], late_ns: int
-    ) -> AsyncIterator[tuple[Any, ...]]:
-        """Send `plan` as `tenant` with its credential `headers` (resolved by the driver);
-        yield `("text", args)` per delta, then `("observation", obs, t0)` where `t0` is the
-        scheduled time on this actor's clock."""
-        client = self._target_client()
-        # the headers as they are: no variable of this process is read for them
-        tenant = dataclasses.replace(tenant, api_key_env=None, headers=dict(headers))
-        deltas: asyncio.Queue[tuple[Any, ...] | None] = asyncio.Queue()
-        t_scheduled_ns = time.perf_counter_ns() - late_ns
-
-        def on_text(*args: Any) -> None:
-            deltas.put_nowait(args)
-
-        sending = asyncio.create_task(
-            client.send(plan, tenant, t_scheduled_ns=t_scheduled_ns, on_text=on_text)
-        )
-        sending.add_done_callback(lambda _: deltas.put_nowait(None))
-        try:
-            while (args := await deltas.get()) is not None:
-                yield (_TEXT, args)
-            yield (_DONE, sending.result(), t_scheduled_ns)
-        finally:
-            sending.cancel()
-
-    def _target_client(self) -> TargetClient:
-        # Built on first use, inside the actor's event loop (an aiohttp-backed client binds
-        # to the loop it is created on).
-        if self._client is None:
-            from kvcanary.harness.run import wiring
-
-            spec = self._spec
-            http = wiring.http_client(spec.max_in_flight, spec.read_timeout_s, backend=spec.backend)
-            self._client = wiring.target_client(http, spec.base_url, spec.model, spec.deadline_s)
-        return self._client
+    tenant: Tenant
+    actor: Any
+    peers: list[Any] = field(default_factory=list)
+    pending: list[Waiting] = field(default_factory=list)
+    out: dict[str, tuple[Waiting, int]] = field(default_factory=dict)
+    """Requests sent, by id, with the number of the exchange that carried them."""
+    cancelled: list[str] = field(default_factory=list)
+    num_exchanges: int = 0
+    """Exchanges out now."""
+    sequence: int = 0
+    answered: dict[int, str] = field(default_factory=dict)
+    """The instance that answered each exchange still carrying requests out."""
+    instance: str | None = None
+    """The actor's instance now, as far as its answers tell."""
+    dead: set[str] = field(default_factory=set)
+    """Instances known gone (a newer one answered, or a call to them failed)."""
+    peered: str | None = None
+    """The instance an exchange with the peers' handles reached."""
+    num_live: int = 0
+    """Canaries live in the actor's index, as its last answer said."""
+    flush: asyncio.Handle | None = None
+    flush_now: bool = False
 
 
 class RaySender:
-    """The runner's `Sender` over tenant actors: see the module docstring."""
+    """The runner's `RemoteSender` over tenant actors: see the module docstring."""
 
-    def __init__(self, actors: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        actors: Mapping[str, Any],
+        tenants: Sequence[Tenant],
+        planner: Planner,
+        key: bytes,
+        *,
+        builds_plans: bool,
+        keep_raw_evidence: bool = False,
+        earlier_keys: tuple[bytes, ...] = (),
+    ) -> None:
+        by_name = {tenant.name: tenant for tenant in tenants}
         self.actors = dict(actors)
         """Actor handle by tenant name."""
+        self._lanes = {name: _Lane(by_name[name], actor) for name, actor in actors.items()}
+        for lane in self._lanes.values():
+            lane.peers = [other.actor for other in self._lanes.values() if other is not lane]
+        self._planner, self._key = planner, key
+        self._builds_plans = builds_plans
+        self._keep_raw_evidence = keep_raw_evidence
+        self._earlier_keys = earlier_keys
+        self._secrets = tuple({s for tenant in tenants for s in tenant.secrets()})
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.num_exchanges = 0
+        """Exchanges made so far (the benchmark's count of Ray calls)."""
 
-    async def send(
-        self,
-        plan: RequestPlan,
-        tenant: Tenant,
-        *,
-        t_scheduled_ns: int,
-        on_text: Callable[..., None],
-    ) -> Observation:
+    @property
+    def builds_plans(self) -> bool:
+        """Whether the actors build the prompts (a local tokenizer), else this process."""
+        return self._builds_plans
+
+    async def execute(self, plan: RequestPlan, *, t_scheduled_ns: int) -> Executed:
+        lane = self._lanes[plan.tenant]
+        future: asyncio.Future[Executed] = asyncio.get_running_loop().create_future()
+        lane.pending.append((plan, t_scheduled_ns, future))
+        self._wake(lane)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._forget(lane, plan.request_id)
+            raise
+
+    def built(self, plan: RequestPlan) -> RequestPlan:
+        if plan.prompt:
+            return plan
+        return self._planner.build([draw_of(self._planner, sketch_of(plan))])[0]
+
+    def close(self) -> None:
+        """Stop waiting for the actors (the run is over)."""
+        for task in self._tasks:
+            task.cancel()
+
+    # -- batches ------------------------------------------------------------------------
+
+    def _wake(self, lane: _Lane) -> None:
+        """Send what waits: now when no exchange is out (or a batch waits), soon beside one."""
+        if lane.num_exchanges >= MAX_EXCHANGES:
+            return
+        now = lane.num_exchanges == 0 or len(lane.pending) >= DISPATCH_BATCH
+        if lane.flush is not None:
+            if lane.flush_now or not now:
+                return
+            lane.flush.cancel()
+        loop = asyncio.get_running_loop()
+        lane.flush_now = now
+        if now and lane.out:  # the plans drawn to replace those just answered, together
+            lane.flush = loop.call_later(GATHER_S, self._flush, lane)
+        elif now:
+            lane.flush = loop.call_soon(self._flush, lane)
+        elif lane.pending or lane.cancelled:
+            lane.flush = loop.call_later(DISPATCH_WAIT_S, self._flush, lane)
+
+    def _flush(self, lane: _Lane) -> None:
+        lane.flush = None
+        if lane.num_exchanges >= MAX_EXCHANGES:
+            return
+        if not (lane.pending or lane.cancelled or (lane.out and not lane.num_exchanges)):
+            return
+        waiting, lane.pending = lane.pending, []
+        cancelled, lane.cancelled = lane.cancelled, []
+        lane.sequence += 1
+        for item in waiting:
+            lane.out[item[0].request_id] = (item, lane.sequence)
+        lane.num_exchanges += 1
+        self.num_exchanges += 1
+        task = asyncio.get_running_loop().create_task(
+            self._exchange(lane, lane.sequence, waiting, cancelled)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _exchange(
+        self, lane: _Lane, sequence: int, waiting: list[Waiting], cancelled: list[str]
+    ) -> None:
         import ray.exceptions
 
-        late_ns = max(0, time.perf_counter_ns() - t_scheduled_ns)
-        stream = (
-            self.actors[plan.tenant]
-            .send.options(num_returns="streaming")
-            .remote(plan, tenant, tenant.auth_headers(), late_ns)
+        plans: list[tuple[int, Sketch | RequestPlan]] = [
+            (t_scheduled_ns, plan if plan.prompt else sketch_of(plan))
+            for plan, t_scheduled_ns, _ in waiting
+        ]
+        secrets = RunSecrets(
+            self._key, lane.tenant.auth_headers(), self._secrets, self._earlier_keys
         )
+        elsewhere = sum(other.num_live for other in self._lanes.values() if other is not lane)
+        peers = None if lane.peered is not None and lane.peered == lane.instance else lane.peers
+        batch = max(1, min(ANSWER_BATCH, len(lane.out) * 3 // 4))
+        request: Exchange = (plans, cancelled, elsewhere, time.perf_counter_ns(), batch)
         try:
-            async for ref in stream:
-                item = await ref
-                if item[0] == _TEXT:
-                    on_text(*item[1])
-                else:
-                    _, obs, t_remote_ns = item
-                    return rebased(obs, t_scheduled_ns - t_remote_ns)
-        except asyncio.CancelledError:
-            ray.cancel(stream)
-            raise
+            packed = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+            answer: Answer = pickle.loads(await lane.actor.exchange.remote(packed, secrets, peers))
         except ray.exceptions.RayActorError as exc:
-            return _lost(plan, t_scheduled_ns, f"the Ray actor sending it died: {exc}")
-        return _lost(plan, t_scheduled_ns, "the Ray actor ended the stream without an answer")
+            why = f"the Ray actor sending it died: {exc}"
+            self._lose(lane, why, lambda carried: carried == sequence)
+            if lane.instance is not None:  # it answered before: it is gone, and what it holds
+                self._gone(lane, lane.instance, why)
+        except ray.exceptions.RayTaskError as exc:  # the actor's own error ends the run
+            cause = exc.cause if isinstance(exc.cause, Exception) else exc
+            for plan, _, future in waiting:
+                if lane.out.pop(plan.request_id, None) is not None and not future.done():
+                    future.set_exception(cause)
+        else:
+            self._take(lane, sequence, answer)
+            if peers is not None:
+                lane.peered = answer[0]
+        finally:
+            lane.num_exchanges -= 1
+        await asyncio.sleep(0)  # the runner's workers draw their next plans first
+        if lane.pending or lane.cancelled or lane.out:
+            self._wake(lane)
 
+    def _take(self, lane: _Lane, sequence: int, answer: Answer) -> None:
+        instance, lane.num_live, unanswered, done = answer
+        lane.answered[sequence] = instance
+        if instance != lane.instance and instance not in lane.dead:
+            if lane.instance is not None:  # restarted: what its predecessor held is lost
+                self._gone(lane, lane.instance, "the Ray actor sending it was restarted")
+            lane.instance = instance
+        for sent in done:
+            entry = lane.out.pop(sent[0], None)
+            if entry is None:  # cancelled meanwhile
+                continue
+            (plan, _, future), _ = entry
+            if future.done():
+                continue
+            if len(sent) == 2:
+                future.set_exception(sent[1])
+            else:
+                _, plan_line, obs, obs_line, streamed, content, echo = sent
+                future.set_result(Executed(plan, obs, streamed, content, echo, plan_line, obs_line))
+        if not unanswered and lane.num_exchanges == 1 and instance == lane.instance:
+            # it owes nothing and no other answer is on its way: what it was given and did
+            # not answer for is gone (it never is, unless the actor is broken)
+            self._lose(lane, "the Ray actor sending it lost track of it", lambda _: True)
+        if len(lane.answered) > 2 * MAX_EXCHANGES + len(lane.out):
+            carried = {entry[1] for entry in lane.out.values()}
+            lane.answered = {s: i for s, i in lane.answered.items() if s in carried}
 
-def rebased(obs: Observation, offset_ns: int) -> Observation:
-    """`obs` with every timestamp shifted by `offset_ns` (an actor's clock onto the driver's)."""
-    shifted = {
-        f.name: value + offset_ns
-        for f in dataclasses.fields(obs)
-        if f.name.startswith("t_")
-        and f.name.endswith("_ns")
-        and (value := getattr(obs, f.name)) is not None
-    }
-    return dataclasses.replace(obs, **shifted)
+    def _gone(self, lane: _Lane, instance: str, why: str) -> None:
+        """`instance` is gone: the requests it was given and did not answer for are lost."""
+        lane.dead.add(instance)
+        if lane.instance == instance:
+            lane.instance = None
+        answered = lane.answered
+        self._lose(lane, why, lambda carried: answered.get(carried) in lane.dead)
 
+    def _lose(self, lane: _Lane, why: str, carried_by: Callable[[int], bool]) -> None:
+        """The requests out whose exchange's number is `carried_by` end as `worker_lost`."""
+        for request_id, ((plan, t_scheduled_ns, future), carried) in list(lane.out.items()):
+            if not carried_by(carried):
+                continue
+            del lane.out[request_id]
+            if not future.done():
+                built = self.built(plan)
+                obs = unanswered(built, t_scheduled_ns, time.perf_counter_ns(), "worker_lost", why)
+                obs, _ = journaled_form(obs, (), (), keep_raw_evidence=self._keep_raw_evidence)
+                future.set_result(Executed(built, obs))
 
-def _lost(plan: RequestPlan, t_scheduled_ns: int, why: str) -> Observation:
-    return unanswered(plan, t_scheduled_ns, time.perf_counter_ns(), "worker_lost", why)
+    def _forget(self, lane: _Lane, request_id: str) -> None:
+        """A request the runner cancelled: not sent, or cancelled on its actor too."""
+        lane.pending = [item for item in lane.pending if item[0].request_id != request_id]
+        if lane.out.pop(request_id, None) is not None:
+            lane.cancelled.append(request_id)
+            self._wake(lane)
 
 
 @contextlib.contextmanager
-def ray_cluster(address: str) -> Iterator[None]:
-    """Connected to the Ray cluster at `address` (`local`: a Ray instance started here for
-    the run) for the block; `ConfigError` when it cannot be reached. A Ray already
-    initialised in this process is used as it is and left running; one started here is
-    shut down at the end."""
-    ray = _import_ray()
-    check_address(address)
-    if ray.is_initialized():
-        yield
-        return
-    try:
-        ray.init(
-            address=None if address == LOCAL else address,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=False,
-        )
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConfigError(f"--ray {address}: cannot reach the Ray cluster: {exc}") from None
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@contextlib.contextmanager
-def ray_sender(tenants: Sequence[Tenant], spec: ClientSpec) -> Iterator[RaySender]:
+def ray_sender(run: Assembly, spec: ClientSpec) -> Iterator[RaySender]:
     """A `RaySender` with one actor per tenant, on the cluster connected (`ray_cluster`)."""
-    ray = _import_ray()
+    ray = import_ray()
+    bp, planner = run.blueprint, run.planner
+    builds = isinstance(planner.tokenizer, LOCAL_TOKENIZERS)
+    earlier = [] if bp.keyring is None else [
+        entry for key_id, entry in bp.keyring.entries.items() if key_id != planner.minter.key_id
+    ]  # fmt: skip
+    kit = ActorKit.of(
+        planner, spec, tokenizer=planner.tokenizer.name if builds else None,
+        keep_raw_evidence=bp.keep_raw_evidence,
+        earlier=tuple(dataclasses.replace(entry, key=b"") for entry in earlier),
+    )  # fmt: skip
     worker = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0)(TenantWorker)
     actors = {
         tenant.name: worker.options(
             name=f"{ACTOR_PREFIX}{tenant.name}-{uuid.uuid4().hex[:8]}"
-        ).remote(spec)
-        for tenant in tenants
+        ).remote(kit)
+        for tenant in bp.tenants
     }
+    sender = RaySender(
+        actors, bp.tenants, planner, run.key, builds_plans=builds,
+        keep_raw_evidence=bp.keep_raw_evidence,
+        earlier_keys=tuple(entry.key for entry in earlier),
+    )  # fmt: skip
     try:
-        yield RaySender(actors)
+        yield sender
     finally:
+        sender.close()
         for actor in actors.values():
             ray.kill(actor, no_restart=True)
-
-
-CONNECT_TIMEOUT_S = 5.0
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-"""An HTTP/2 client's first bytes (the preface, then an empty SETTINGS frame): a Ray port
-(gRPC) answers with a SETTINGS frame, a web server with an HTTP/1 error."""
-
-
-def check_address(address: str) -> None:
-    """Before anything starts: Ray is installed, and something answers at `address` that
-    could be Ray. Ray itself retries an address for tens of seconds (an unreachable one for
-    minutes); this refuses what is surely not Ray in seconds, in one line."""
-    _import_ray()
-    where = address.removeprefix("ray://")
-    host, sep, port = where.rpartition(":")
-    if address in (LOCAL, "auto") or not sep or not port.isdigit():
-        return
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT_S) as sock:
-            reply = b"" if os.environ.get("RAY_USE_TLS") else _first_reply(sock)
-    except OSError as exc:
-        raise ConfigError(
-            f"--ray {address}: nothing answers at {host}:{port} ({exc.strerror or exc})"
-        ) from None
-    if reply.startswith(b"HTTP/"):
-        raise ConfigError(
-            f"--ray {address}: {host}:{port} answers as a web server (HTTP/1), not as Ray; "
-            "give the cluster's GCS address (HOST:6379) or its Ray Client address "
-            "(ray://HOST:10001)"
-        )
-
-
-def _first_reply(sock: socket.socket) -> bytes:
-    """What `sock` answers an HTTP/2 preface with (empty when it says nothing in time)."""
-    try:
-        sock.sendall(_H2_PREFACE)
-        sock.settimeout(CONNECT_TIMEOUT_S)
-        return sock.recv(16)
-    except OSError:
-        return b""
-
-
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "--ray needs Ray: pip install 'kvcanary[ray]' (or pip install ray)"
-        ) from None
-    return ray

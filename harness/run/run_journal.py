@@ -53,14 +53,15 @@ class Journal:
         """The `run_finished` held back (the latest one emitted), if any."""
         return self._finished
 
-    def emit(self, event: Event) -> None:
-        """Journal `event`; a `run_finished` is held until `finish`. A journal that cannot be
-        written (disk full, the directory gone) stops the run with one line (`RunIncomplete`,
-        exit 3); later events are dropped."""
+    def emit(self, event: Event, line: bytes | None = None) -> None:
+        """Journal `event` (`line`: already encoded, by the Ray actor that saw it); a
+        `run_finished` is held until `finish`. A journal that cannot be written (disk full,
+        the directory gone) stops the run with one line (`RunIncomplete`, exit 3); later
+        events are dropped."""
         if isinstance(event, RunFinished):
             self._finished = event
             return
-        self._write(event)
+        self._write(event, line)
 
     def finish(
         self,
@@ -86,11 +87,11 @@ class Journal:
             self._ended = True
             self._write(event)
 
-    def _write(self, event: Event) -> None:
+    def _write(self, event: Event, line: bytes | None = None) -> None:
         if self._broken is not None:
             return
         try:
-            self._writer.write(event)
+            self._writer.write(event, line)
         except OSError as exc:
             self._broken = f"cannot write the journal {self.path}: {exc.strerror or exc}"
             raise RunIncomplete(f"{self._broken}; the run stopped") from None

@@ -32,6 +32,10 @@ before cancelling them; `cancel()` (the second) cancels them at once. Either way
 with `run_finished` (reason `interrupted`); cancelled requests are journaled as observations
 with `error_kind="cancelled"`.
 
+With a `RemoteSender` (`--ray`: `harness.run.ray_sender`) plans are drawn here, built, sent
+and scanned elsewhere; the plan is journaled when it comes back, with its content findings and
+its observation, and judged from there on as above (`harness.run.settle`).
+
 It deliberately does not build plans, talk HTTP, render reports or print: those are the
 planner, the target client, `reports` and `harness.run.progress`, wired by `harness.run.session`.
 """
@@ -40,27 +44,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
-from kvcanary.canaries import redact
-from kvcanary.canaries.redact import redact_quote
-from kvcanary.harness.detectors.protocol import with_late_evidence
-from kvcanary.harness.detectors.timing import DefersJudgement
-from kvcanary.harness.record.events import (
-    Event,
-    FindingRecorded,
-    ObservationRecorded,
-    PlanRecorded,
-    RunFinished,
-    TimingFitted,
-)
-from kvcanary.harness.record.finding import Finding, FindingKind, Severity
+from kvcanary.harness.record.events import Event, PlanRecorded, RunFinished
+from kvcanary.harness.record.finding import Finding
 from kvcanary.harness.record.observation import Observation
-from kvcanary.harness.record.ttft_model import TtftModel
 from kvcanary.harness.run.arrivals import Clock, ClosedLoop, MonotonicClock, Pacing, PoissonArrivals
-from kvcanary.harness.run.health import HealthTracker
 from kvcanary.harness.run.live_plans import LivePlans
 from kvcanary.harness.run.outcome import RunOutcome
 from kvcanary.harness.run.phases import Budget, Phase, Workload, default_phases
@@ -70,11 +61,13 @@ from kvcanary.harness.run.seams import (
     ContentScanner,
     Detectors,
     PlanChecker,
+    RemoteSender,
     ResponseScan,
     Sender,
     TimingChecker,
     unanswered,
 )
+from kvcanary.harness.run.settle import Settler, journaled_form, shown_form
 from kvcanary.harness.target.health_route import HealthProbe
 from kvcanary.tenants.plan import RequestPlan
 from kvcanary.tenants.tenant import Tenant
@@ -92,7 +85,7 @@ class Runner:
     def __init__(
         self,
         *,
-        sender: Sender,
+        sender: Sender | RemoteSender,
         tenants: Mapping[str, Tenant],
         workload: Workload,
         index: CanaryRegistry,
@@ -108,18 +101,21 @@ class Runner:
         admit: Callable[[RequestPlan], bool] | None = None,
         health_probe: HealthProbe | None = None,
         health_every_s: float = HEALTH_EVERY_S,
+        emit_line: Callable[[Event, bytes], None] | None = None,
     ) -> None:
+        """`emit_line` journals an event a `RemoteSender` encoded already (with its line)."""
         self._sender = sender
+        self._remote = sender if isinstance(sender, RemoteSender) else None
         self._tenants = dict(tenants)
         self._secrets = tuple({s for tenant in self._tenants.values() for s in tenant.secrets()})
         """Credential values of every tenant: scrubbed from whatever the target sends back."""
         self._detectors = detectors
-        self._journaled_model: TtftModel | None = None
         self._emit_event = emit
+        self._emit_line = emit_line
         self._pacing = pacing
         self._budget = budget
         self._keep_raw_evidence = keep_raw_evidence
-        self._health = HealthTracker()
+        self._settler = Settler(detectors, self._emit)
         self._health_probe = health_probe
         """The target's `/health` route, polled every `health_every_s` while the run goes."""
         self._health_every_s = health_every_s
@@ -135,14 +131,13 @@ class Runner:
             emit=self._emit,
             elapsed_before_s=elapsed_before_s,
             admit=admit,
+            sketch=self._remote is not None and self._remote.builds_plans,
         )
         self._stopping = asyncio.Event()
         self._interrupted = False
         self._busy: set[asyncio.Task[None]] = set()
         self._live = LivePlans(index)
         self._grace: asyncio.TimerHandle | None = None
-        self._held: list[Finding] = []
-        """High `unsafe_accept`s held for the end-of-run timing judgement (`_judged_at_the_end`)."""
         self.outcome = RunOutcome("running", 0, 0)
 
     # -- control ------------------------------------------------------------------------
@@ -205,15 +200,7 @@ class Runner:
                     await poller
             if self._grace is not None:
                 self._grace.cancel()
-            late: list[Finding] = []
-            if reason != "error":
-                late = self._detectors.timing.finish()
-                for finding in late:
-                    self._emit_finding(finding)
-                self._record_timing_model(final=True)
-            for finding in self._held:  # unsafe_accepts whose timing was judged only now
-                self._emit_finding(with_late_evidence(finding, late))
-            self._held.clear()
+            self._settler.finish(judge=reason != "error")
             self.outcome.reason = reason
             self._emit(
                 RunFinished(
@@ -277,6 +264,9 @@ class Runner:
         return plan
 
     async def _execute(self, plan: RequestPlan, t_scheduled_ns: int) -> None:
+        if self._remote is not None:
+            await self._execute_elsewhere(self._remote, plan, t_scheduled_ns)
+            return
         tenant = self._tenants[plan.tenant]
         self._live.register(plan)
         self._emit(PlanRecorded(plan))
@@ -286,16 +276,45 @@ class Runner:
         def on_text(chunk: str, field: str = "content") -> None:
             for finding in scan.feed(chunk, field):
                 streamed.append(finding)
-                self._emit_finding(finding)
+                self._settler.emit_finding(finding)
 
         try:
-            obs = await self._sender.send(
+            obs = await cast(Sender, self._sender).send(
                 plan, tenant, t_scheduled_ns=t_scheduled_ns, on_text=on_text
             )
         except asyncio.CancelledError:
             self._observe(plan, scan, self._cancelled(plan, t_scheduled_ns), streamed)
             raise
         self._observe(plan, scan, obs, streamed)
+
+    async def _execute_elsewhere(
+        self, remote: RemoteSender, plan: RequestPlan, t_scheduled_ns: int
+    ) -> None:
+        """`plan` built, sent and scanned by `remote`; journaled and judged here."""
+        try:
+            done = await remote.execute(plan, t_scheduled_ns=t_scheduled_ns)
+        except asyncio.CancelledError:
+            built = remote.built(plan)
+            self._emit(PlanRecorded(built))
+            obs = self._cancelled(built, t_scheduled_ns)
+            journaled, shown = journaled_form(
+                obs, (), self._secrets, keep_raw_evidence=self._keep_raw_evidence
+            )
+            self._settler.settle(built, journaled, shown)
+            raise
+        self._emit(PlanRecorded(done.plan), done.plan_line)
+        for finding in done.streamed:
+            self._settler.emit_finding(finding)
+        obs = done.observation
+        self._settler.settle(
+            done.plan,
+            obs,
+            shown_form(obs) if self._keep_raw_evidence else obs,
+            streamed=done.streamed,
+            content=done.content,
+            echo=done.echo,
+            line=done.observation_line,
+        )
 
     async def _poll_health(self) -> None:
         """Poll the target's health route until the run ends (cancelled then)."""
@@ -304,7 +323,7 @@ class Runner:
             await asyncio.sleep(self._health_every_s)
             t_polled = time.time()
             error = await self._health_probe()
-            for event in self._health.observe_health(error, t_polled, time.time()):
+            for event in self._settler.health.observe_health(error, t_polled, time.time()):
                 self._emit(event)
 
     def _observe(
@@ -315,65 +334,22 @@ class Runner:
         streamed: Sequence[Finding] = (),
     ) -> None:
         content = scan.finish(obs)
-        timing = self._detectors.timing.observe(plan, obs)
-        evidence = [*streamed, *content, *timing]
-        findings = [*content, *self._detectors.protocol.check(plan, obs, evidence), *timing]
-        obs = obs.without_secrets(self._secrets)  # whatever the target echoed back
-        if obs.text and not self._keep_raw_evidence:
-            obs = dataclasses.replace(obs, text=redact(obs.text, scan.hits), text_redacted=True)
-        # an error body is the target's text too; what reports and the console show of it
-        # (`target_unhealthy`) is redacted even when the journal keeps it raw
-        shown = dataclasses.replace(obs, error=redact_quote(obs.error)) if obs.error else obs
-        if not self._keep_raw_evidence:
-            obs = shown
-        self._emit(ObservationRecorded(obs))
-        echo = scan.own_echo_event(time.time())
-        if echo is not None:
-            self._emit(echo)
-        for finding in findings:
-            if self._judged_at_the_end(finding):
-                self._held.append(finding)
-            else:
-                self._emit_finding(finding)
-        for event in self._health.observe(shown, time.time()):
-            self._emit(event)
-        self._record_timing_model()
-
-    def _judged_at_the_end(self, finding: Finding) -> bool:
-        """A high `unsafe_accept` whose answer the timing detector judges only at the end
-        (its fit was too small online): held until then, so a `fast_prefill` found at the
-        end makes it critical (`harness.detectors.protocol.with_late_evidence`)."""
-        timing = self._detectors.timing
-        return (
-            finding.kind == FindingKind.UNSAFE_ACCEPT
-            and finding.severity == Severity.HIGH
-            and finding.request_id is not None
-            and isinstance(timing, DefersJudgement)
-            and timing.is_deferred(finding.request_id)
+        journaled, shown = journaled_form(
+            obs, scan.hits, self._secrets, keep_raw_evidence=self._keep_raw_evidence
         )
-
-    def _record_timing_model(self, *, final: bool = False) -> None:
-        """Journal the timing detector's model whenever it changes (it refits at a growing
-        sample count, so a long run writes O(log n) of these), and once more at the end."""
-        timing = self._detectors.timing
-        model = timing.model
-        if model is self._journaled_model and not final:
-            return
-        self._journaled_model = model
-        fitted = model.to_dict() if model is not None else None
-        not_judged = timing.not_judged if final else None
-        self._emit(TimingFitted(fitted, t_wall=time.time(), final=final, not_judged=not_judged))
+        echo = scan.own_echo_event(time.time())
+        self._settler.settle(plan, journaled, shown, streamed=streamed, content=content, echo=echo)
 
     def _cancelled(self, plan: RequestPlan, t_scheduled_ns: int) -> Observation:
         why = "interrupted before the response finished"
         return unanswered(plan, t_scheduled_ns, self._clock.now_ns(), "cancelled", why)
 
-    def _emit_finding(self, finding: Finding) -> None:
-        self._emit(FindingRecorded(finding, t_wall=time.time()))
-
-    def _emit(self, event: Event) -> None:
+    def _emit(self, event: Event, line: bytes | None = None) -> None:
         self.outcome.count(event)
-        self._emit_event(event)
+        if line is None or self._emit_line is None:
+            self._emit_event(event)
+        else:
+            self._emit_line(event, line)
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

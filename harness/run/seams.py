@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kvcanary.canaries import Hit, Owner
 from kvcanary.harness.record.events import OwnEchoRecorded
@@ -33,6 +33,44 @@ class Sender(Protocol):
         t_scheduled_ns: int,
         on_text: TextSink,
     ) -> Observation: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    """One request built, sent and scanned elsewhere (`RemoteSender`), as the runner
+    journals and judges it: what the content detector found, the observation as the journal
+    keeps it (text redacted, secrets scrubbed, timestamps on the runner's clock), and the
+    journal lines of the plan and the observation where they were encoded already."""
+
+    plan: RequestPlan
+    """The plan as the runner took it (a sketch, `Planner.sketch`), or as built here."""
+    observation: Observation
+    """As journaled, but its text: that is in `observation_line` (when given)."""
+    streamed: tuple[Finding, ...] = ()
+    """Content findings made while the response streamed."""
+    content: tuple[Finding, ...] = ()
+    """Content findings made at the end of the response."""
+    echo: OwnEchoRecorded | None = None
+    plan_line: bytes | None = None
+    observation_line: bytes | None = None
+
+
+@runtime_checkable
+class RemoteSender(Protocol):
+    """Builds, sends and scans plans elsewhere (`harness.run.ray_sender`, `--ray`): the
+    runner draws them (`builds_plans`: as sketches, their prompts built elsewhere) and
+    journals and judges what comes back."""
+
+    @property
+    def builds_plans(self) -> bool: ...
+
+    async def execute(self, plan: RequestPlan, *, t_scheduled_ns: int) -> Executed:
+        """`plan` sent at `t_scheduled_ns` (the runner's clock) and what it came to."""
+        ...
+
+    def built(self, plan: RequestPlan) -> RequestPlan:
+        """`plan` with its prompt and canaries (a sketch is built here: it was cancelled)."""
+        ...
 
 
 class ResponseScan(Protocol):

@@ -28,7 +28,7 @@ from kvcanary.canaries.errors import RunIncomplete
 from kvcanary.harness.record.events import Limits
 from kvcanary.harness.record.journal import JOURNAL_NAME
 from kvcanary.harness.record.verdict import Verdict
-from kvcanary.harness.run import cost_guard, wiring
+from kvcanary.harness.run import cost_guard, rendering, wiring
 from kvcanary.harness.run.arrivals import ClosedLoop, Pacing, PoissonArrivals
 from kvcanary.harness.run.assembly import Assembly, Blueprint, Declared, assembled, on_target
 from kvcanary.harness.run.config import RunConfig
@@ -40,6 +40,7 @@ from kvcanary.harness.run.phases import Budget, Phase, Workload, default_phases
 from kvcanary.harness.run.probe_phase import run_probe_phase
 from kvcanary.harness.run.progress import ProgressDisplay
 from kvcanary.harness.run.runner import Runner, RunOutcome, Sender
+from kvcanary.harness.run.seams import RemoteSender
 from kvcanary.harness.run.soak_tasks import set_aside_stale_reports, soak_tasks
 from kvcanary.harness.target.calibration import PromptTokenOffset
 from kvcanary.harness.target.health_route import HealthProbe, health_probe
@@ -112,8 +113,11 @@ def run_session(
     ):
         try:
             outcome = on_target(config.target, engine, functools.partial(_run, setup, display))
-            rendered = wiring.render(
-                out_dir, keep_raw_evidence=config.keep_raw_evidence, display=display
+            rendered = rendering.render(
+                out_dir,
+                keep_raw_evidence=config.keep_raw_evidence,
+                display=display,
+                apart=True if config.command == "soak" else None,  # flat memory, render included
             )
         except KeyboardInterrupt:
             if not (out_dir / JOURNAL_NAME).exists():
@@ -190,7 +194,7 @@ def _ray_cluster(config: RunConfig) -> contextlib.AbstractContextManager[None]:
     """With `--ray`, connected to the cluster before anything is written or sent."""
     if config.ray is None:
         return contextlib.nullcontext()
-    from kvcanary.harness.run.ray_sender import ray_cluster
+    from kvcanary.harness.run.ray_cluster import ray_cluster
 
     return ray_cluster(config.ray)
 
@@ -231,12 +235,13 @@ async def _run(setup: _Setup, display: ProgressDisplay, base_url: str) -> RunOut
 
 def _sender(
     setup: _Setup, run: Assembly, display: ProgressDisplay
-) -> contextlib.AbstractContextManager[Sender]:
+) -> contextlib.AbstractContextManager[Sender | RemoteSender]:
     """This process's client, or with `--ray` one Ray actor per tenant."""
     config = setup.config
     if config.ray is None:
         return contextlib.nullcontext(run.client)
-    from kvcanary.harness.run.ray_sender import ClientSpec, ray_sender
+    from kvcanary.harness.run.ray_kit import ClientSpec
+    from kvcanary.harness.run.ray_sender import ray_sender
 
     spec = ClientSpec(
         run.target.base_url,
@@ -247,10 +252,12 @@ def _sender(
         backend=config.http_backend,
     )
     display.note(f"sending from {len(setup.blueprint.tenants)} Ray actors (--ray {config.ray})")
-    return ray_sender(setup.blueprint.tenants, spec)
+    return ray_sender(run, spec)
 
 
-def _runner(setup: _Setup, run: Assembly, sender: Sender, health: HealthProbe | None) -> Runner:
+def _runner(
+    setup: _Setup, run: Assembly, sender: Sender | RemoteSender, health: HealthProbe | None
+) -> Runner:
     """The runner over the planner's three plan streams, in the default phases."""
     config, bp = setup.config, setup.blueprint
     planner = run.planner
@@ -275,6 +282,7 @@ def _runner(setup: _Setup, run: Assembly, sender: Sender, health: HealthProbe | 
         elapsed_before_s=bp.identity.elapsed_s,
         admit=run.meter.admit if run.meter is not None else None,
         health_probe=health,
+        emit_line=run.journal.emit,
     )
 
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Protocol
 
 from kvcanary.harness.record.events import Event
 from kvcanary.harness.record.journal import JournalWriter
-from kvcanary.harness.record.outputs import HTML_NAME, JOURNAL_NAME, REPORT_FILES, SUMMARY_NAME
+from kvcanary.harness.record.outputs import HTML_NAME, JOURNAL_NAME, REPORT_FILES, STALE_SUFFIX
 from kvcanary.harness.run.config import RunConfig
 from kvcanary.harness.run.journal_upkeep import JournalUpkeep
 from kvcanary.harness.run.options import format_duration
 from kvcanary.harness.run.progress import ProgressDisplay
+from kvcanary.harness.run.rendering import render_apart
 
 
 class SoakJournal(Protocol):
@@ -66,9 +65,9 @@ async def _periodic(
     display: ProgressDisplay,
 ) -> AsyncIterator[None]:
     async def report() -> None:
-        verdict = await render_apart(out_dir, keep_raw_evidence=config.keep_raw_evidence)
+        rendered = await render_apart(out_dir, keep_raw_evidence=config.keep_raw_evidence)
         display.note(
-            f"report updated ({display.status_line()}): verdict so far {verdict}, "
+            f"report updated ({display.status_line()}): verdict so far {rendered.verdict}, "
             f"{out_dir / HTML_NAME}"
         )
 
@@ -98,9 +97,6 @@ async def _periodic(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-STALE_SUFFIX = ".stale"
-
-
 def set_aside_stale_reports(
     out_dir: Path, display: ProgressDisplay, formats: Collection[str] | None = None
 ) -> None:
@@ -128,24 +124,6 @@ def set_aside_stale_reports(
             f"replace it): set aside as {', '.join(n + STALE_SUFFIX for n in moved)}; run "
             f"`kvcanary report {out_dir}` for current ones"
         )
-
-
-async def render_apart(out_dir: Path, *, keep_raw_evidence: bool) -> str:
-    """Render the reports in a child process (`kvcanary report`), the verdict they give: a
-    render's peak memory (pandas, a whole journal's frames) is then the child's, and the
-    soak's own stays flat however long it runs."""
-    command = [sys.executable, "-m", "kvcanary", "report", str(out_dir)]
-    if keep_raw_evidence:
-        command.append("--keep-raw-evidence")
-    child = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
-    _, errors = await child.communicate()
-    if child.returncode not in (0, 1, 3):  # the verdict's statuses
-        lines = errors.decode(errors="replace").strip().splitlines()
-        raise RuntimeError(lines[-1] if lines else f"kvcanary report exited {child.returncode}")
-    summary = json.loads((out_dir / SUMMARY_NAME).read_text())
-    return str(summary.get("verdict"))
 
 
 async def every(

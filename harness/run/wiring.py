@@ -2,8 +2,8 @@
 `run`, `soak`, `repro` and the plugin: the bundled engine on a free loopback port, the HTTP
 client, first contact (facts, limits, model), the calibration, the canary alphabet and
 minter, the detectors, the target client (a Ray actor builds its own with it), the
-`run_started` record, and the render. Heavy or optional imports (the engine, pandas via
-reports) happen inside functions.
+`run_started` record. Heavy or optional imports (the engine) happen inside functions; the
+render is `harness.run.rendering`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import gc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
@@ -34,7 +33,6 @@ from kvcanary.harness.detectors.content import ContentDetector
 from kvcanary.harness.detectors.protocol import ProtocolDetector
 from kvcanary.harness.detectors.timing import TimingDetector
 from kvcanary.harness.record.events import Limits, RunStarted
-from kvcanary.harness.run.interrupts import Delivery, sigterm_as_interrupt
 from kvcanary.harness.run.keyring import EarlierRuns, KeyEntry, Keyring, run_key
 from kvcanary.harness.run.progress import ProgressDisplay
 from kvcanary.harness.run.seams import Detectors, TimingChecker
@@ -49,9 +47,6 @@ from kvcanary.tenants.plan import ApiStyle
 from kvcanary.tenants.planner import request_id
 from kvcanary.tenants.size import input_limit
 from kvcanary.tenants.tenant import Tenant
-
-if TYPE_CHECKING:
-    from kvcanary.reports.render import RenderResult
 
 MAX_RESPONSE_BYTES = 1024 * 1024
 """Per-response bound: far more than any answer a run asks for (at most tens of tokens)."""
@@ -243,18 +238,19 @@ def canary_minter(
     keyring: Keyring | None = None,
     tenants: Sequence[Tenant] = (),
     alphabet: Alphabet = DEFAULT_ALPHABET,
+    key: bytes | None = None,
 ) -> CanaryMinter:
     """A given seed makes the whole run reproducible, canary key included; without one the
-    key is random and never leaves this process, unless a `keyring` (`--keyring`) is given:
-    then the key is stored there, with the run id and the tenants' names, before any
-    canary is sent. The `alphabet` is the tokenizer's (`canaries.alphabet.alphabet_for`)."""
-    if keyring is None:
-        if seeded:
-            return CanaryMinter.from_seed(seed, run_id, alphabet=alphabet)
-        return CanaryMinter.random(alphabet=alphabet)
-    key = run_key(seed, run_id, seeded=seeded)
+    key is random and never leaves this process (but as a call argument to the run's Ray
+    actors, `--ray`), unless a `keyring` (`--keyring`) is given: then the key is stored
+    there, with the run id and the tenants' names, before any canary is sent. The
+    `alphabet` is the tokenizer's (`canaries.alphabet.alphabet_for`); `key`: the run's key
+    (`keyring.run_key`), where the caller keeps it."""
+    key = run_key(seed, run_id, seeded=seeded) if key is None else key
     minter = CanaryMinter(key, alphabet=alphabet)
-    keyring.remember(minter.key_id, KeyEntry.of(key, minter, run_id, [t.name for t in tenants]))
+    if keyring is not None:
+        entry = KeyEntry.of(key, minter, run_id, [t.name for t in tenants])
+        keyring.remember(minter.key_id, entry)
     return minter
 
 
@@ -338,35 +334,3 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-# -- after the workload ----------------------------------------------------------------
-
-
-def render(out_dir: Path, *, keep_raw_evidence: bool, display: ProgressDisplay) -> RenderResult:
-    """The reports from the journal; an output that could not be written is noted, not raised.
-
-    Ctrl-C or SIGTERM (a CI job's timeout) while the reports are written leaves the journal
-    complete and says how to render them: a `RunIncomplete` (exit 3).
-    """
-    incomplete = RunIncomplete(
-        f"interrupted while writing the reports; the journal is complete: reports not "
-        f"rendered; run `kvcanary report {out_dir}`"
-    )
-    delivery: Delivery | None = None
-    try:
-        with sigterm_as_interrupt() as delivery:
-            from kvcanary.reports.render import render_run  # seconds of imports: interruptible too
-
-            result = render_run(out_dir, keep_raw_evidence=keep_raw_evidence)
-    except KeyboardInterrupt:
-        raise incomplete from None
-    except ImportError:
-        if delivery is None or not delivery.fired:
-            raise
-        raise incomplete from None  # the signal landed in a C extension's init (pandas)
-    for name, error in result.errors.items():
-        display.note(f"report output {name} could not be written: {error}")
-    if result.errors:
-        display.note(f"reports incomplete; when the cause is fixed run `kvcanary report {out_dir}`")
-    return result

@@ -26,7 +26,7 @@ from kvcanary.harness.detectors.timing import TimingDetector
 from kvcanary.harness.record.events import FindingRecorded, Limits, RunFinished, TimingFitted
 from kvcanary.harness.record.journal import JOURNAL_NAME
 from kvcanary.harness.record.verdict import Reproduction
-from kvcanary.harness.run import wiring
+from kvcanary.harness.run import rendering, wiring
 from kvcanary.harness.run.assembly import Blueprint, Declared, assembled, on_target
 from kvcanary.harness.run.interrupts import sigterm_as_interrupt
 from kvcanary.harness.run.out_dir import RunIdentity, fresh_out_dir, new_run_id
@@ -143,7 +143,7 @@ def _send(
 
 def _finish(repro: _Repro, url: str | None, ended: str, why: tuple[str, ...]) -> ReproResult:
     out_dir = repro.blueprint.out_dir
-    rendered = wiring.render(
+    rendered = rendering.render(
         out_dir, keep_raw_evidence=repro.blueprint.keep_raw_evidence, display=repro.display
     )
     # the journal is the record: findings counted there include the timing detector's

@@ -278,17 +278,16 @@ def _pool_finding(audit: SideAudit, facts: EngineFacts) -> Finding:
         for s in facts.sides
         if s is not side
     ]
-    return Finding(
-        kind=FindingKind.POOL_SMALLER_THAN_CONTEXT,
-        severity=FindingKind.POOL_SMALLER_THAN_CONTEXT.severity,
-        detector="audit",
-        request_id=None,
-        tenant=None,
-        summary=(
+    return Finding.on_request(
+        FindingKind.POOL_SMALLER_THAN_CONTEXT,
+        "audit",
+        None,
+        None,
+        (
             f"{side.role} side {redact_url(side.url)}: KV pool of {pool} tokens is smaller than "
             f"the advertised context of {context} tokens (ratio {audit.ratio:.3f})"
         ),
-        details={
+        {
             "role": side.role,
             "url": redact_url(side.url),
             "engine": facts.engine,

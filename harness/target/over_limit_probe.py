@@ -108,18 +108,17 @@ def accept_finding(probe: ProbeResult, side: SideFacts, facts: EngineFacts) -> F
     if probe.outcome is not ProbeOutcome.ACCEPTED:
         return None
     reported = probe.prompt_tokens_reported
-    return Finding(
-        kind=FindingKind.UNSAFE_ACCEPT,
-        severity=FindingKind.UNSAFE_ACCEPT.severity,
-        detector="audit.probe",
-        request_id=None,
-        tenant=None,
-        summary=(
+    return Finding.on_request(
+        FindingKind.UNSAFE_ACCEPT,
+        "audit.probe",
+        None,
+        None,
+        (
             f"{probe.url} accepted a {probe.num_tokens}-token prompt ({probe.token_count}) above "
             f"the {probe.limit_tokens}-token limit of the {side.role} side with HTTP "
             f"{probe.status}" + (f" and usage.prompt_tokens={reported}" if reported else "")
         ),
-        details={
+        {
             "url": probe.url,
             "status": probe.status,
             "num_tokens": probe.num_tokens,

@@ -249,3 +249,11 @@ def test_prompts_at_the_limit_are_reported_never_judged(
     assert "At the limit: 3 prompt(s) of exactly 4096 tokens, 1 accepted, 2 rejected" in text
     quiet = render_markdown({**summary, "boundary": {**summary["boundary"], "num_sent": 0}}, [], 0)
     assert "At the limit" not in quiet
+
+
+def test_only_an_inconclusive_page_says_no_finding_is_not_safety(
+    rendered: dict[str, RenderResult],
+) -> None:
+    warning = "did not gather enough evidence for that to mean the target is safe"
+    assert warning in rendered["interrupted"].paths["html"].read_text()
+    assert warning not in rendered["clean"].paths["html"].read_text()

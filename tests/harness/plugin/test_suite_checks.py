@@ -43,6 +43,7 @@ from kvcanary.harness.record.events import (
 from kvcanary.harness.record.finding import Finding, FindingKind, Severity
 from kvcanary.harness.record.journal import JournalWriter
 from kvcanary.harness.record.observation import ErrorKind, Observation, Usage
+from kvcanary.harness.record.verdict import Verdict
 from kvcanary.harness.target.audit import audit_facts
 from kvcanary.harness.target.server_info import EngineFacts, Role, SideFacts
 from kvcanary.tenants.plan import Expected, Intent, RequestPlan
@@ -112,7 +113,7 @@ def write_run(tmp_path: Path, requests: list[Req], findings: list[Finding]) -> W
     for event in events:
         writer.write(event)
     writer.close()
-    return read_result(tmp_path, label="test", verdict="?", ended="completed")
+    return read_result(tmp_path, label="test", verdict=Verdict.INCONCLUSIVE, ended="completed")
 
 
 def finding(kind: FindingKind, request_id: str, **extra: Any) -> Finding:

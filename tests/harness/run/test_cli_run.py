@@ -43,6 +43,7 @@ from fake_openai import (
 from misbehaving_server import serve
 
 from kvcanary.harness.cli import main
+from kvcanary.harness.run import rendering
 from kvcanary.harness.run.phases import default_phases
 from kvcanary.harness.run.session import SOAK_CYCLE_S
 
@@ -412,9 +413,15 @@ def test_a_killed_run_loses_at_most_the_requests_in_flight(tmp_path: Path) -> No
 
 
 def test_soak_reports_rotates_and_resumes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "soak"
+
+    def in_the_soaks_process(*args: object) -> None:
+        raise AssertionError("a soak rendered in its own process")
+
+    # every render of a soak, the final one included, is a child's (its memory stays flat)
+    monkeypatch.setattr(rendering, "render_here", in_the_soaks_process)
     with serve(fake_target(delay_s=0.01)) as url:
         argv = [
             "soak",
@@ -442,6 +449,8 @@ def test_soak_reports_rotates_and_resumes(
         rows = records(out)
         first_ids = [r["request_id"] for r in of_type(rows, "plan")]
         assert rows[-1]["reason"] == "duration"
+        summary = json.loads((out / "summary.json").read_text())  # the final render's
+        assert summary["counts"]["requests"]["total"] == len(first_ids)
 
         # the same --out again, with a longer duration: the soak continues where it stopped
         longer = [*argv[: argv.index("--duration") + 1], "6s", *argv[argv.index("3s") + 1 :]]
@@ -571,12 +580,12 @@ def test_a_full_disk_mid_journal_stops_the_run_with_one_line(
     real_write = JournalWriter.write
     num_writes = 0
 
-    def write(self: JournalWriter, event: Any) -> None:
+    def write(self: JournalWriter, event: Any, line: bytes | None = None) -> None:
         nonlocal num_writes
         num_writes += 1
         if num_writes > 25:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_write(self, event)
+        real_write(self, event, line)
 
     monkeypatch.setattr(JournalWriter, "write", write)
     out = tmp_path / "run"

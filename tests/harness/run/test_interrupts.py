@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvcanary.canaries.errors import RunIncomplete
-from kvcanary.harness.run import wiring
+from kvcanary.harness.run import rendering
 from kvcanary.harness.run.interrupts import sigterm_as_interrupt
 from kvcanary.harness.run.progress import ProgressDisplay
 
@@ -105,7 +105,7 @@ def test_a_signal_inside_an_extension_init_is_an_incomplete_run(
     )
     display = ProgressDisplay(num_requests=1, file=io.StringIO(), live=False)
     with pytest.raises(RunIncomplete, match="kvcanary report"):
-        wiring.render(tmp_path, keep_raw_evidence=False, display=display)
+        rendering.render(tmp_path, keep_raw_evidence=False, display=display)
 
 
 def test_an_import_error_without_a_signal_is_not_hidden(
@@ -118,4 +118,4 @@ def test_an_import_error_without_a_signal_is_not_hidden(
     monkeypatch.setitem(sys.modules, "kvcanary.reports.render", Broken("kvcanary.reports.render"))
     display = ProgressDisplay(num_requests=1, file=io.StringIO(), live=False)
     with pytest.raises(ImportError, match="a broken install"):
-        wiring.render(tmp_path, keep_raw_evidence=False, display=display)
+        rendering.render(tmp_path, keep_raw_evidence=False, display=display)

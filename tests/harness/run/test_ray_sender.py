@@ -1,8 +1,11 @@
-"""`--ray`: the tenants' requests sent from Ray actors on a local 2-CPU Ray instance.
+"""`--ray`: the tenants' requests built, sent and scanned by Ray actors on a local 2-CPU Ray
+instance (bound to 127.0.0.1, a small object store, its own temp dir).
 
-The driver keeps planning, the live index, the detectors and the journal, so the same seed
-must give the same findings as one process; an actor killed mid-run must end only the
-requests it had in flight, journaled as `worker_lost`, and Ray's restart carries on.
+The actors build the prompts the driver would build and scan with one index of every
+tenant's live canaries between them, so the same seed must give the same plans and the
+same findings as one process, fragments of another tenant's canaries included; an actor
+killed mid-run must end only the requests it had in flight, journaled as `worker_lost`, and
+Ray's restart carries on.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ from fake_openai import (
     sse_finish,
     sse_start,
 )
+from local_ray import local_ray as sandboxed_ray
 from misbehaving_server import serve
 from test_cli_run import fake_target
 
 from kvcanary.harness.cli import main
 from kvcanary.harness.record.observation import Observation
-from kvcanary.harness.run.ray_sender import ACTOR_PREFIX, rebased
+from kvcanary.harness.run import out_dir
+from kvcanary.harness.run.ray_kit import rebased
+from kvcanary.harness.run.ray_sender import ACTOR_PREFIX
 
 ray = pytest.importorskip("ray", reason="--ray needs Ray (the dev extra installs it)")
 pytestmark = pytest.mark.slow
@@ -49,11 +55,8 @@ SMALL_CONTEXT = 1024
 def local_ray() -> Iterator[None]:
     """One local Ray instance for the module (a run reuses an initialised Ray and leaves
     it running, so the instance's start-up is paid once)."""
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with sandboxed_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 def _rows(out: Path) -> list[dict[str, Any]]:
@@ -68,6 +71,12 @@ def _findings(out: Path) -> list[tuple[Any, ...]]:
     )
 
 
+def _records(out: Path, kind: str) -> list[str]:
+    """The journal's records of `kind`, but their wall-clock times, in a stable order."""
+    rows = [r for r in _rows(out) if r["type"] == kind]
+    return sorted(json.dumps({k: v for k, v in r.items() if k != "t_wall"}) for r in rows)
+
+
 def test_timestamps_move_onto_the_drivers_clock_and_keep_their_differences() -> None:
     obs = Observation("t0-r000001", "tenant-0", 200, 0.0, 1_000, 1_500, 2_000, 3_000, 9_000)
     moved = rebased(obs, 10_000)
@@ -77,9 +86,10 @@ def test_timestamps_move_onto_the_drivers_clock_and_keep_their_differences() -> 
     assert rebased(Observation("r", "t", None, 0.0, 5, 5), 1).t_first_token_ns is None
 
 
-def _replaying_target() -> Any:
+def _replaying_target(*, tags: bool = True) -> Any:
     """A deterministic leaky target: every streamed answer quotes the previous request's
-    prompt, whoever sent it (at concurrency 1 the same seed gives the same leaks)."""
+    prompt, whoever sent it (at concurrency 1 the same seed gives the same leaks); without
+    `tags`, with every canary's tag cut out, so only fragments of canaries leak."""
     previous = ""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -99,6 +109,8 @@ def _replaying_target() -> Any:
             await json_response(send, 200, answer)
             return
         quoted, previous = previous[:600], request["prompt"]
+        if not tags:
+            quoted = quoted.replace("ydk ", "")
         await sse_start(send)
         for i in range(0, len(quoted), 150):
             await sse_event(send, {"choices": [{"index": 0, "text": quoted[i : i + 150]}]})
@@ -107,19 +119,29 @@ def _replaying_target() -> Any:
     return app
 
 
-def test_the_same_seed_gives_the_same_findings_as_one_process(
-    tmp_path: Path, local_ray: None
+@pytest.mark.parametrize("tags", [True, False], ids=["whole canaries", "fragments"])
+def test_the_same_seed_gives_the_same_plans_and_findings_as_one_process(
+    tmp_path: Path, local_ray: None, tags: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Whole canaries attribute themselves with the run key on any actor; fragments of
+    another tenant's canaries are found through the actors that hold them live. The run id
+    is pinned, so both runs have the same key (it derives from the seed and the run id) and
+    their journals can be compared record by record."""
+    monkeypatch.setattr(out_dir, "new_run_id", lambda: "20260101T000000Z-abcdef")
     args = ["run", *LIMIT_FLAGS, "--seed", "11", "--requests", "40", "--concurrency", "1"]
     outs = {}
     for how, extra in (("local", []), ("ray", ["--ray"])):
         outs[how] = tmp_path / how
-        with serve(_replaying_target()) as url:
+        with serve(_replaying_target(tags=tags)) as url:
             status = main([*args, *extra, "--target", url, "--out", str(outs[how])])
         assert status == 1  # the replaying target leaks either way
-    found = _findings(outs["local"])
-    assert any(kind == "cross_tenant_canary" for kind, *_ in found), found
-    assert _findings(outs["ray"]) == found
+    found = _records(outs["local"], "finding")
+    layers = {json.loads(record)["details"].get("layer") for record in found}
+    assert any('"cross_tenant_canary"' in record for record in found), found
+    assert layers == ({"exact"} if tags else {"fragment"}), layers
+    assert _records(outs["ray"], "finding") == found
+    # the actors build the prompts the driver would: the same canaries, the same hashes
+    assert _records(outs["ray"], "plan") == _records(outs["local"], "plan")
 
 
 def test_a_ray_run_finds_the_bundled_engines_leak_as_one_process_does(

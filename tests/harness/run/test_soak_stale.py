@@ -27,13 +27,13 @@ def test_a_soak_stopped_by_a_full_disk_sets_its_periodic_report_aside(
     real_write = JournalWriter.write
     num_after_report = 0
 
-    def write(self: JournalWriter, event: Any) -> None:
+    def write(self: JournalWriter, event: Any, line: bytes | None = None) -> None:
         nonlocal num_after_report
         if (out / "summary.json").exists():
             num_after_report += 1
             if num_after_report > 20:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_write(self, event)
+        real_write(self, event, line)
 
     monkeypatch.setattr(JournalWriter, "write", write)
     argv = ["soak", *LIMIT_FLAGS, "--duration", "10m", "--report-every", "1s"]
