@@ -52,6 +52,8 @@ MAX_RESPONSE_BYTES = 1024 * 1024
 """Per-response bound: far more than any answer a run asks for (at most tens of tokens)."""
 CONNECT_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 60.0
+_YOUNG_OBJECTS = 50_000
+"""During a run, the garbage collector's first threshold (`frozen_heap`; the default is 700)."""
 
 
 # -- before the target -----------------------------------------------------------------
@@ -327,10 +329,18 @@ def frozen_heap() -> Iterator[None]:
     A full collection over a large heap pauses the event loop for tens of milliseconds, and
     a pause while a response is streaming lands in its time to first token. Freezing moves
     the objects that exist now out of the collector's reach (vLLM's bench does the same).
+    The young generation is collected after `_YOUNG_OBJECTS` new objects instead of 700:
+    each request allocates hundreds of short-lived containers (parsed SSE events, records)
+    and at the default the collector walked them ~100 times a second, ~28 µs a request
+    (`benchmarks/bench_run.py`); what a run keeps grows by a few dozen objects a request,
+    so cyclic garbage is still collected every few thousand requests.
     """
     gc.collect()
     gc.freeze()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(_YOUNG_OBJECTS, *thresholds[1:])
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
