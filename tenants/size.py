@@ -66,7 +66,10 @@ class LimitsLike(Protocol):
     @property
     def max_input_tokens(self) -> int | None: ...
 
-    # `max_tokens_policy` (`reject`, `stop` or None) is read where a limits object has it
+    @property
+    def max_tokens_policy(self) -> str | None:
+        """`reject`, `stop` or None (unknown): what the engine does with a prompt that fits
+        the context while prompt + max_tokens does not."""
 
 
 def input_limit(limits: LimitsLike) -> int:
@@ -98,7 +101,7 @@ def expected_outcome(num_tokens: int, limits: LimitsLike, max_tokens: int = 0) -
     if num_tokens > limit:
         return "reject"
     if num_tokens + max_tokens > limits.context_tokens:
-        return _BY_POLICY.get(getattr(limits, "max_tokens_policy", None), "boundary")
+        return _BY_POLICY.get(limits.max_tokens_policy, "boundary")
     return "accept"
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,12 @@ class Tenant:
                 f"tenant {self.name!r}: environment variable {variable} is not set or empty"
             )
         return value
+
+
+def all_secrets(tenants: Iterable[Tenant]) -> tuple[str, ...]:
+    """Every credential value of `tenants`, once each: what is scrubbed from whatever the
+    target sends back."""
+    return tuple({secret for tenant in tenants for secret in tenant.secrets()})
 
 
 def default_tenants(n: int = 4, api_key_env: str | None = None) -> list[Tenant]:

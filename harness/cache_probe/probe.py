@@ -61,7 +61,7 @@ from kvcanary.harness.record.finding import Finding
 from kvcanary.harness.record.observation import Observation
 from kvcanary.harness.record.verdict import Verdict
 from kvcanary.harness.target.client import TargetClient
-from kvcanary.tenants.tenant import Tenant
+from kvcanary.tenants.tenant import Tenant, all_secrets
 
 __all__ = [
     "DEFAULT_NUM_TRIALS",
@@ -153,7 +153,7 @@ class CacheProbe:
         self._cancelled = False
         self._in_flight: asyncio.Future[Observation] | None = None
         sends = [*design.warmup, *(send for trial in design.trials for send in trial.sends)]
-        self._secrets = tuple({s for send in sends for s in send.tenant.secrets()})
+        self._secrets = all_secrets(send.tenant for send in sends)
         """Every probing tenant's credential: scrubbed from what the target sends back."""
 
     def stop(self) -> None:

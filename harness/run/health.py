@@ -55,7 +55,11 @@ class HealthTracker:
         self.route_failing = False
         """Whether the health route has failed `HEALTH_THRESHOLD` polls in a row, and not
         passed one since."""
-        self._streak: list[Observation] = []
+        self._num_failed = 0
+        """Failed requests in a row (the current streak): counted, not kept, so a soak
+        against a dead target holds no more than its first."""
+        self._first_failed: Observation | None = None
+        """The streak's earliest failed request (requests finish out of order)."""
         self._timeouts_counted = False
         """Whether the current streak counts a timeout because the route was failing."""
         self._failed_polls: list[float] = []
@@ -67,25 +71,27 @@ class HealthTracker:
         if _served(obs):
             events: list[Event] = []
             if self.unhealthy:
-                events.append(TargetServing(t_wall=t_wall, num_failed=len(self._streak)))
+                events.append(TargetServing(t_wall=t_wall, num_failed=self._num_failed))
             self.unhealthy = False
-            self._streak.clear()
+            self._num_failed, self._first_failed = 0, None
             self._timeouts_counted = False
             self.num_served += 1
             return events
         stalled = bool(self._failed_polls) and obs.error_kind == "timeout"
         if not (_failed(obs) or stalled) or self.num_served == 0:
             return []
-        self._streak.append(obs)
+        self._num_failed += 1
+        if self._first_failed is None or obs.t_wall < self._first_failed.t_wall:
+            self._first_failed = obs
         self._timeouts_counted = self._timeouts_counted or stalled
-        if self.unhealthy or len(self._streak) < self.threshold:
+        if self.unhealthy or self._num_failed < self.threshold:
             return []
         self.unhealthy = True
-        first = min(self._streak, key=lambda o: o.t_wall)
+        first = self._first_failed
         self.declared = TargetUnhealthy(
             t_wall=t_wall,
             since_t_wall=first.t_wall,
-            num_failed=len(self._streak),
+            num_failed=self._num_failed,
             num_served_before=self.num_served,
             first_request_id=first.request_id,
             last_error=obs.error,

@@ -27,7 +27,7 @@ from kvcanary.harness.record.segments import (
     prune,
 )
 from kvcanary.harness.run.option_values import retention_limits
-from kvcanary.harness.run.resume_state import ResumeState, checkpointed_segment, save_checkpoint
+from kvcanary.harness.run.resume_state import ResumeState, save_checkpoint
 
 _NUMBER = re.compile(r"\.(\d+)\.")
 COMPRESS_AFTER_S = 600.0
@@ -54,18 +54,19 @@ class JournalUpkeep:
         return await asyncio.to_thread(self._after_rotation, segment, number, snapshot)
 
     def _after_rotation(self, segment: Path, number: int, state: ResumeState) -> list[Path]:
-        save_checkpoint(self.out_dir, number, state)
-        self._findings[number] = holds_a_finding(segment)
+        save_checkpoint(self.out_dir, number, state)  # it now covers `segment` exactly
+        retained = self._max_age_s is not None or self._max_bytes is not None
+        if retained:  # scanned while plain (and just written): the retention asks later
+            self._findings[number] = holds_a_finding(segment)
         now = time.time()
         for _, path in closed_segments(self.out_dir):
             if not is_compressed(path) and now - path.stat().st_mtime > COMPRESS_AFTER_S:
                 compress_segment(path)
-        if self._max_age_s is None and self._max_bytes is None:
+        if not retained:
             return []
-        covered = checkpointed_segment(self.out_dir)
 
         def keep(candidate: int, path: Path) -> bool:
-            if candidate > covered:
+            if candidate > number:
                 return True
             if candidate not in self._findings:  # closed by an earlier session
                 self._findings[candidate] = holds_a_finding(path)

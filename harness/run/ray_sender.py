@@ -81,7 +81,7 @@ from kvcanary.harness.run.seams import Executed, unanswered
 from kvcanary.harness.run.settle import journaled_form
 from kvcanary.tenants.plan import RequestPlan
 from kvcanary.tenants.planner import LOCAL_TOKENIZERS, Planner
-from kvcanary.tenants.tenant import Tenant
+from kvcanary.tenants.tenant import Tenant, all_secrets
 
 if TYPE_CHECKING:
     from kvcanary.harness.run.assembly import Assembly
@@ -160,7 +160,7 @@ class RaySender:
         self._builds_plans = builds_plans
         self._keep_raw_evidence = keep_raw_evidence
         self._earlier_keys = earlier_keys
-        self._secrets = tuple({s for tenant in tenants for s in tenant.secrets()})
+        self._secrets = all_secrets(tenants)
         self._tasks: set[asyncio.Task[None]] = set()
         self.num_exchanges = 0
         """Exchanges made so far (the benchmark's count of Ray calls)."""

@@ -130,12 +130,6 @@ def save_checkpoint(run_dir: Path, segment: int, state: ResumeState) -> Path:
     return path
 
 
-def checkpointed_segment(run_dir: Path) -> int:
-    """The last closed segment the checkpoint covers (0: none)."""
-    checkpoint = _read_checkpoint(run_dir)
-    return 0 if checkpoint is None else checkpoint[1]
-
-
 def _read_checkpoint(run_dir: Path) -> tuple[ResumeState, int] | None:
     try:
         data = json.loads((run_dir / CHECKPOINT_NAME).read_text())

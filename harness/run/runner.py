@@ -70,7 +70,7 @@ from kvcanary.harness.run.seams import (
 from kvcanary.harness.run.settle import Settler, journaled_form, shown_form
 from kvcanary.harness.target.health_route import HealthProbe
 from kvcanary.tenants.plan import RequestPlan
-from kvcanary.tenants.tenant import Tenant
+from kvcanary.tenants.tenant import Tenant, all_secrets
 
 DEFAULT_GRACE_S = 5.0
 
@@ -107,7 +107,7 @@ class Runner:
         self._sender = sender
         self._remote = sender if isinstance(sender, RemoteSender) else None
         self._tenants = dict(tenants)
-        self._secrets = tuple({s for tenant in self._tenants.values() for s in tenant.secrets()})
+        self._secrets = all_secrets(self._tenants.values())
         """Credential values of every tenant: scrubbed from whatever the target sends back."""
         self._detectors = detectors
         self._emit_event = emit

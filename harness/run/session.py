@@ -27,7 +27,7 @@ from typing import IO, Any
 from kvcanary.canaries.errors import RunIncomplete
 from kvcanary.harness.record.events import Limits
 from kvcanary.harness.record.journal import JOURNAL_NAME
-from kvcanary.harness.record.verdict import Verdict
+from kvcanary.harness.record.verdict import Verdict, exit_status
 from kvcanary.harness.run import cost_guard, rendering, wiring
 from kvcanary.harness.run.arrivals import ClosedLoop, Pacing, PoissonArrivals
 from kvcanary.harness.run.assembly import Assembly, Blueprint, Declared, assembled, on_target
@@ -68,9 +68,7 @@ class RunResult:
     def exit_status(self) -> int:
         """The verdict's exit status (0 clean, 1 findings, 3 no verdict); a clean verdict
         whose reports could not all be written is 3, never 0 with reports missing."""
-        if self.render_errors and self.verdict is Verdict.CLEAN:
-            return Verdict.INCONCLUSIVE.exit_status
-        return self.verdict.exit_status
+        return exit_status(self.verdict, reports_complete=not self.render_errors)
 
 
 @dataclass(frozen=True, slots=True)

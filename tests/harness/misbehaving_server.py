@@ -221,15 +221,20 @@ async def _json_answer(send: Send, request: dict[str, Any], api: str) -> None:
     await out.end(json.dumps(body).encode())
 
 
-async def app(scope: Scope, receive: Receive, send: Send) -> None:
-    """The ASGI entry point: `/<behaviour>/v1/(chat/)completions`."""
-    assert scope["type"] == "http", "run with lifespan off"
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body, however many messages it came in."""
     body = bytearray()
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
-            break
+            return bytes(body)
+
+
+async def app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI entry point: `/<behaviour>/v1/(chat/)completions`."""
+    assert scope["type"] == "http", "run with lifespan off"
+    body = await read_body(receive)
     request = json.loads(body or b"{}")
     behaviour = scope["path"].strip("/").split("/")[0]
     api = "chat" if scope["path"].endswith("/chat/completions") else "completions"

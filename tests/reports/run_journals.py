@@ -169,6 +169,40 @@ class RunRecorder:
         self.t_ns = done + 1_000_000
         return Request(plan, observation)
 
+    def victim(
+        self,
+        tenant: str,
+        size_label: str = "small",
+        tokens: int = 512,
+        *,
+        phase: str = "fill",
+        **observed: Any,
+    ) -> Request:
+        """`request` for a victim prompt of `tokens` tokens, expected to be accepted."""
+        return self.request(
+            tenant,
+            phase=phase,
+            intent="victim",
+            size_label=size_label,
+            num_prompt_tokens=tokens,
+            expected="accept",
+            **observed,
+        )
+
+    def probe(
+        self, tenant: str, size_label: str, tokens: int, *, phase: str = "probe", **observed: Any
+    ) -> Request:
+        """`request` for a probe of `tokens` tokens, expected to be rejected."""
+        return self.request(
+            tenant,
+            phase=phase,
+            intent="probe",
+            size_label=size_label,
+            num_prompt_tokens=tokens,
+            expected="reject",
+            **observed,
+        )
+
     def timing(self) -> None:
         """The timing detector's final fit of `request`'s default TTFTs (4 ms + 0.02 ms/token)."""
         model = TtftModel(
@@ -209,17 +243,7 @@ def _fill(recorder: RunRecorder) -> list[Request]:
     victims = []
     for label, tokens in _FILL_SIZES * 2:  # two rounds: enough samples for the timing fit
         for tenant in ("alice", "bob"):
-            victims.append(
-                recorder.request(
-                    tenant,
-                    phase="fill",
-                    intent="victim",
-                    size_label=label,
-                    num_prompt_tokens=tokens,
-                    expected="accept",
-                    prompt_tokens=tokens,
-                )
-            )
+            victims.append(recorder.victim(tenant, label, tokens, prompt_tokens=tokens))
     return victims
 
 
@@ -233,25 +257,19 @@ def vulnerable_run(run_dir: Path) -> Path:
     recorder.phase("probe")
     marker = victim.plan.canaries[0].text
     leaked = f"{PLANTED_FOREIGN_TEXT} and then {marker} followed by more of alice's text"
-    probe = recorder.request(
+    probe = recorder.probe(
         "mallory",
-        phase="probe",
-        intent="probe",
-        size_label=_ABOVE_POOL[0],
-        num_prompt_tokens=_ABOVE_POOL[1],
-        expected="reject",
+        _ABOVE_POOL[0],
+        _ABOVE_POOL[1],
         status=200,
         ttft_ms=3.0,
         prompt_tokens=1,
         text=leaked,
     )
-    recorder.request(
+    recorder.probe(
         "bob",
-        phase="probe",
-        intent="probe",
-        size_label=_ABOVE_CONTEXT[0],
-        num_prompt_tokens=_ABOVE_CONTEXT[1],
-        expected="reject",
+        _ABOVE_CONTEXT[0],
+        _ABOVE_CONTEXT[1],
         status=400,
         error_kind="http_status",
         error="prompt is longer than the model's context length",
@@ -319,16 +337,8 @@ def clean_run(run_dir: Path) -> Path:
     recorder.timing()
     recorder.phase("probe")
     for tenant, (label, tokens) in (("mallory", _ABOVE_POOL), ("bob", _ABOVE_CONTEXT)):
-        recorder.request(
-            tenant,
-            phase="probe",
-            intent="probe",
-            size_label=label,
-            num_prompt_tokens=tokens,
-            expected="reject",
-            status=400,
-            error_kind="http_status",
-            error="prompt too long",
+        recorder.probe(
+            tenant, label, tokens, status=400, error_kind="http_status", error="prompt too long"
         )
     recorder.finish("completed")
     return run_dir
@@ -339,24 +349,8 @@ def interrupted_run(run_dir: Path) -> Path:
     recorder = RunRecorder(run_dir, "run-interrupted")
     recorder.start(TENANTS)
     recorder.phase("fill")
-    recorder.request(
-        "alice",
-        phase="fill",
-        intent="victim",
-        size_label="small",
-        num_prompt_tokens=512,
-        expected="accept",
-        prompt_tokens=512,
-    )
-    recorder.request(
-        "bob",
-        phase="fill",
-        intent="victim",
-        size_label="small",
-        num_prompt_tokens=512,
-        expected="accept",
-        answered=False,
-    )
+    recorder.victim("alice", prompt_tokens=512)
+    recorder.victim("bob", answered=False)
     recorder.finish("interrupted", "interrupted by the user")
     return run_dir
 
@@ -400,26 +394,22 @@ def synthetic_run(
         tenant = rng.choice(("alice", "bob", "mallory"))
         label, tokens = rng.choice(sizes)
         if tokens <= LIMITS.pool_tokens:
-            recorder.request(
+            recorder.victim(
                 tenant,
+                label,
+                tokens,
                 phase="soak",
-                intent="victim",
-                size_label=label,
-                num_prompt_tokens=tokens,
-                expected="accept",
                 prompt_tokens=tokens,
                 ttft_ms=4.0 + 0.02 * tokens * rng.uniform(0.8, 1.3),
             )
             continue
         num_probes += 1
         leaks = num_probes % leak_every == 0
-        probe = recorder.request(
+        probe = recorder.probe(
             tenant,
+            label,
+            tokens,
             phase="soak",
-            intent="probe",
-            size_label=label,
-            num_prompt_tokens=tokens,
-            expected="reject",
             status=200 if leaks else 400,
             ttft_ms=3.0 if leaks else None,
             prompt_tokens=1 if leaks else None,

@@ -15,16 +15,7 @@ from kvcanary.reports.accounting import Accounting, account_lines, account_reque
 
 
 def request(recorder: RunRecorder, tenant: str = "alice", *, answered: bool = True) -> str:
-    made = recorder.request(
-        tenant,
-        phase="fill",
-        intent="victim",
-        size_label="small",
-        num_prompt_tokens=512,
-        expected="accept",
-        prompt_tokens=512,
-        answered=answered,
-    )
+    made = recorder.victim(tenant, "small", 512, prompt_tokens=512, answered=answered)
     return made.plan.request_id
 
 
@@ -74,10 +65,7 @@ def test_plans_in_flight_at_a_kill_are_lost_not_a_defect(tmp_path: Path) -> None
 def test_every_violation_is_named(tmp_path: Path) -> None:
     recorder = RunRecorder(tmp_path, "run")
     recorder.start(TENANTS)
-    answered = recorder.request(
-        "alice", phase="fill", intent="victim", size_label="small", num_prompt_tokens=5,
-        expected="accept",
-    )  # fmt: skip
+    answered = recorder.victim("alice", "small", 5)
     assert answered.observation is not None
     unobserved = request(recorder, "bob", answered=False)
     # a retry journaled as a second observation, and an observation without its plan

@@ -54,14 +54,7 @@ def test_what_needs_ids_named_is_left_to_the_exact_pass(tmp_path: Path) -> None:
     assert len(account_requests(tmp_path / "crash").lost_to_crash) == len(lost)
     recorder = RunRecorder(tmp_path / "twice", "run")
     recorder.start(TENANTS)
-    made = recorder.request(
-        "alice",
-        phase="fill",
-        intent="victim",
-        size_label="small",
-        num_prompt_tokens=5,
-        expected="accept",
-    )
+    made = recorder.victim("alice", "small", 5)
     recorder.writer.write(PlanRecorded(made.plan))  # planned again
     recorder.finish("completed")
     assert rare_events(tmp_path / "twice").accounting is None

@@ -186,15 +186,7 @@ def soak_run(run_dir: Path) -> Path:
     recorder.start(SOAK_TENANTS)
     recorder.phase("soak")
     requests = [
-        recorder.request(
-            f"tenant-{i % 4}",
-            phase="soak",
-            intent="victim",
-            size_label="medium",
-            num_prompt_tokens=1024,
-            expected="accept",
-            prompt_tokens=1024,
-        )
+        recorder.victim(f"tenant-{i % 4}", "medium", 1024, phase="soak", prompt_tokens=1024)
         for i in range(12)
     ]
     recorder.timing()

@@ -104,14 +104,7 @@ def test_keep_raw_evidence_without_raw_text_in_the_journal(
 ) -> None:
     recorder = run_journals.RunRecorder(tmp_path, "run-redacted")
     recorder.start(run_journals.TENANTS)
-    request = recorder.request(
-        "bob",
-        phase="probe",
-        intent="probe",
-        size_label="above-pool",
-        num_prompt_tokens=6000,
-        expected="reject",
-    )
+    request = recorder.probe("bob", "above-pool", 6000)
     recorder.finding(
         Finding(
             kind=FindingKind.UNSAFE_ACCEPT,

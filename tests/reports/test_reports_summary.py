@@ -19,22 +19,12 @@ def summarise(run_dir: Path) -> dict[str, Any]:
 
 def _victim_and_probe(recorder: RunRecorder, *, probe_status: int | None = 400) -> None:
     recorder.phase("fill")
-    recorder.request(
-        "alice",
-        phase="fill",
-        intent="victim",
-        size_label="small",
-        num_prompt_tokens=512,
-        expected="accept",
-    )
+    recorder.victim("alice", "small", 512)
     recorder.phase("probe")
-    recorder.request(
+    recorder.probe(
         "bob",
-        phase="probe",
-        intent="probe",
-        size_label="above-pool",
-        num_prompt_tokens=6000,
-        expected="reject",
+        "above-pool",
+        6000,
         status=probe_status,
         error_kind="http_status" if probe_status is not None else "timeout",
     )
@@ -231,13 +221,10 @@ def test_timing_is_judged_with_a_fit_that_applies(tmp_path: Path) -> None:
 def _within_limits(recorder: RunRecorder, *, victim_status: int = 200) -> None:
     """A `--profile below` run: a victim and a probe, both sized within every limit."""
     recorder.phase("fill")
-    recorder.request(
+    recorder.victim(
         "alice",
-        phase="fill",
-        intent="victim",
-        size_label="0.5*limit",
-        num_prompt_tokens=2045,
-        expected="accept",
+        "0.5*limit",
+        2045,
         status=victim_status,
         error_kind=None if victim_status == 200 else "http_status",
     )
@@ -310,14 +297,7 @@ def test_without_probes_no_above_limit_request_is_not_within_limits_only(tmp_pat
     recorder = RunRecorder(tmp_path, "run-fill-only")
     recorder.start(TENANTS)
     recorder.phase("fill")
-    recorder.request(
-        "alice",
-        phase="fill",
-        intent="victim",
-        size_label="0.5*limit",
-        num_prompt_tokens=2045,
-        expected="accept",
-    )
+    recorder.victim("alice", "0.5*limit", 2045)
     recorder.phase("probe")
     recorder.finish("completed")
     summary = summarise(tmp_path)
@@ -335,25 +315,9 @@ def test_an_over_limit_prompt_accepted_with_a_real_prefill_is_unsafe_not_a_leak(
     recorder.start(TENANTS)
     recorder.phase("fill")
     for tenant, tokens in (("alice", 512), ("bob", 1024), ("alice", 2048), ("bob", 512)):
-        recorder.request(
-            tenant,
-            phase="fill",
-            intent="victim",
-            size_label=str(tokens),
-            num_prompt_tokens=tokens,
-            expected="accept",
-            prompt_tokens=tokens,
-        )
+        recorder.victim(tenant, str(tokens), tokens, prompt_tokens=tokens)
     recorder.phase("probe")
-    probe = recorder.request(
-        "mallory",
-        phase="probe",
-        intent="probe",
-        size_label="above-context",
-        num_prompt_tokens=9000,
-        expected="reject",
-        prompt_tokens=9000,
-    )
+    probe = recorder.probe("mallory", "above-context", 9000, prompt_tokens=9000)
     recorder.finding(
         Finding(
             kind=FindingKind.UNSAFE_ACCEPT,

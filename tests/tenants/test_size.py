@@ -19,6 +19,7 @@ class FakeLimits:
     context_tokens: int
     page_size: int = 16
     max_input_tokens: int | None = None
+    max_tokens_policy: str | None = None
 
 
 INCIDENT = FakeLimits(pool_tokens=1000, context_tokens=4096)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from misbehaving_server import serve
+from misbehaving_server import read_body, serve
 
 from kvcanary.harness.cli import main
 
@@ -34,12 +34,7 @@ def quoting_target() -> Any:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         nonlocal previous, num_posts
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] != "POST":
             await _answer(send, 404, "application/json", b"{}")
             return

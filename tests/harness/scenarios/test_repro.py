@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from misbehaving_server import serve
+from misbehaving_server import read_body, serve
 
 from kvcanary.canaries import load_tokenizer
 from kvcanary.canaries.errors import ConfigError
@@ -401,12 +401,7 @@ def counting_target() -> Any:
     tokenizer = load_tokenizer("cl100k_base")
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if scope["method"] != "POST":
             await _respond(send, 404, b"application/json", b'{"error": "not found"}')
             return

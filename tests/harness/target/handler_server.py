@@ -37,17 +37,10 @@ class HandlerServer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await misbehaving_server.read_body(receive)
         query = scope.get("query_string", b"").decode()
         url = f"{self.url}{scope['path']}" + (f"?{query}" if query else "")
-        request = httpx.Request(
-            scope["method"], url, headers=list(scope["headers"]), content=bytes(body)
-        )
+        request = httpx.Request(scope["method"], url, headers=list(scope["headers"]), content=body)
         assert self.handler is not None, "no handler set"
         response = self.handler(request)
         assert isinstance(response, httpx.Response), type(response)

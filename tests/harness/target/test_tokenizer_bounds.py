@@ -13,7 +13,7 @@ import fault_server
 import httpx
 import misbehaving_server
 import pytest
-from misbehaving_server import Receive, Scope, Send
+from misbehaving_server import Receive, Scope, Send, read_body
 from test_fault_injection import HEAP_BOUND, HeapPeak
 
 from kvcanary.canaries.errors import ConfigError
@@ -54,12 +54,7 @@ async def test_a_hostile_tokenize_route_is_one_line_in_bounded_memory(
 
 async def _gzip_tokenize(scope: Scope, receive: Receive, send: Send) -> None:
     """A tokenize route behind a gateway that compresses although asked not to."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     if scope["path"] != "/v1/tokenize":
         await send({"type": "http.response.start", "status": 404, "headers": []})
         await send({"type": "http.response.body", "body": b""})

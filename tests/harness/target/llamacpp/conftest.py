@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from llamacpp_support import N_CTX, N_PARALLEL, SERVE_SCRIPT, START_DEADLINE_S, LlamaServer
+from stdin_child import stop_stdin_child
 from tiny_gguf import TinyModel, build_tiny_model
 
 
@@ -105,13 +106,5 @@ class _serving:
         return self.log_path.read_text()[-2000:]
 
     def __exit__(self, *exc: object) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+        stop_stdin_child(self.process)
         self.log.close()

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 import pytest
+from stdin_child import stop_stdin_child
 
 from kvcanary.harness.cli import main
 
@@ -238,15 +239,7 @@ class PdProxy:
         self.url = line.split()[1]
 
     def stop(self) -> None:
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
-        self.process.stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process.stdout.close()
+        stop_stdin_child(self.process)
         self.log.close()
 
 
